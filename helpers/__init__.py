@@ -1,0 +1,8 @@
+"""Helpers for the course "Making a small language model fast for narrow automation".
+
+One module per idea, in the order the notebooks introduce them:
+``environment`` and ``models`` (00), ``data`` (00), ``scoring`` (01), ``prefix_cache`` (02),
+``batching`` (03).
+"""
+
+__version__ = "0.1.0"

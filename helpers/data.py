@@ -1,0 +1,233 @@
+"""Synthetic support tickets and the classification prompt (notebook 00 onwards).
+
+Two generators share one length distribution (the reference series' lognormal word counts):
+``style="article"`` rotates three base sentences with one filler, exactly like the reference;
+``style="varied"`` draws from many base tickets and fillers so that accuracy means something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+LABELS: tuple[str, ...] = ("billing", "technical", "account")
+
+SYSTEM_PROMPT = (
+    "You classify customer support tickets. "
+    "Answer with exactly one of these categories: {labels}."
+)
+# Optional label descriptions for the instruction: they help a small model and lengthen the static prefix.
+LABEL_DESCRIPTIONS = {
+    "billing": "payments, charges, invoices, refunds, prices",
+    "technical": "bugs, errors, crashes, the app or website not working",
+    "account": "profile, email address, users, access, changing or deleting the account",
+}
+USER_TEMPLATE = "Ticket: {ticket}\nCategory:"
+
+# --- the article generator: one base sentence per label, in rotation (ticket i has label i mod 3) ---
+ARTICLE_BASES = {
+    "billing": "My card was charged twice for the same invoice this month.",
+    "technical": "The mobile app crashes every time I open the settings page.",
+    "account": "I would like to change the email address on my profile.",
+}
+ARTICLE_FILLER = (
+    "I have been waiting for several days now without any reply from your team, "
+    "so could someone please look into this and send me an update as soon as possible?"
+)
+
+# --- the varied generator: at least 15 base tickets per label, several kinds of filler ---
+VARIED_BASES = {
+    "billing": [
+        "My card was charged twice for the same invoice this month.",
+        "I was billed for the premium plan although I cancelled it last week.",
+        "The refund you promised for my last order has not arrived.",
+        "Your invoice shows a tax amount that does not match my country.",
+        "Why did my monthly subscription price go up without notice?",
+        "I need a corrected invoice with my company's VAT number on it.",
+        "A payment of 49 euros was taken from my account that I do not recognise.",
+        "My discount code was accepted but the full price was charged.",
+        "Please explain the extra fee on my latest statement.",
+        "I paid by bank transfer but the invoice is still marked as unpaid.",
+        "The annual plan was charged at the monthly rate twelve times.",
+        "I want a refund for the unused months of my yearly subscription.",
+        "My credit card expired and now the renewal payment keeps failing.",
+        "I was charged in dollars instead of euros and lost money on the exchange.",
+        "Can you send me receipts for all payments made this year?",
+        "The trial was supposed to be free but I was charged on day one.",
+    ],
+    "technical": [
+        "The mobile app crashes every time I open the settings page.",
+        "The website shows a blank white page after I click the login button.",
+        "Uploading a file larger than ten megabytes fails with error 500.",
+        "Notifications stopped arriving on my Android phone after the update.",
+        "The desktop client freezes when I sync more than a thousand photos.",
+        "Search returns no results even for items I can see in the list.",
+        "The export to CSV produces a file with garbled characters.",
+        "Video calls drop after about two minutes on every network I try.",
+        "The API returns a timeout for every request since this morning.",
+        "Dark mode makes the text on the dashboard completely unreadable.",
+        "The app drains my battery in an hour even when it is closed.",
+        "Two-factor codes from the authenticator are always rejected as invalid.",
+        "Pages load extremely slowly and images never finish loading.",
+        "The browser extension disappeared from the toolbar after the last release.",
+        "Printing a report cuts off the right half of every table.",
+        "The integration with my calendar creates every event twice.",
+    ],
+    "account": [
+        "I would like to change the email address on my profile.",
+        "Please delete my account and all the data you hold about me.",
+        "How do I add a second user to my team workspace?",
+        "I want to change the username that appears on my public profile.",
+        "Can you merge my two accounts into one?",
+        "I need to transfer ownership of the workspace to my colleague.",
+        "Please update the phone number linked to my profile.",
+        "My account was locked after a few attempts and I want it unlocked.",
+        "How can I download a copy of all my personal data?",
+        "I would like to rename my organisation in the account settings.",
+        "Please remove my former employee from our team account.",
+        "I want to switch the account language from German to English.",
+        "Can I change the country listed on my profile after moving abroad?",
+        "My account still shows my maiden name and I want it updated.",
+        "I would like to close my child's account that is linked to mine.",
+        "How do I change which email receives the account notifications?",
+    ],
+}
+VARIED_FILLERS = [
+    "I have been waiting for several days now without any reply from your team.",
+    "Could someone please look into this and send me an update as soon as possible?",
+    "My order number is {order} in case you need it.",
+    "Hello, I hope you are having a good day.",
+    "This is the third time I am writing about this.",
+    "I tried again this morning and nothing has changed.",
+    "I am using the latest version on a laptop at home.",
+    "Thank you in advance for your help with this matter.",
+    "My colleague had the same experience last month.",
+    "Please let me know if you need any more details from me.",
+    "I have attached a screenshot to the previous message.",
+    "Kind regards and thanks for your patience.",
+]
+
+
+def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
+    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
+
+
+def _cut(words: list[str], n_words: int) -> str:
+    return " ".join(words[:n_words])
+
+
+def _article_ticket(i: int, n_words: int) -> tuple[str, str]:
+    label = LABELS[i % 3]
+    words = ARTICLE_BASES[label].split()
+    filler = ARTICLE_FILLER.split()
+    while len(words) < n_words:
+        words += filler
+    return _cut(words, n_words), label
+
+
+def _varied_ticket(i: int, n_words: int, rng: np.random.Generator) -> tuple[str, str]:
+    label = LABELS[i % 3]
+    bases = VARIED_BASES[label]
+    words = bases[rng.integers(len(bases))].split()
+    # Greet first sometimes, so the label's sentence is not always the first thing the model sees.
+    if rng.random() < 0.3:
+        words = "Hello support team,".split() + words
+    while len(words) < n_words:
+        filler = VARIED_FILLERS[rng.integers(len(VARIED_FILLERS))]
+        words += filler.format(order=f"A-{rng.integers(10000, 99999)}").split()
+    return _cut(words, n_words), label
+
+
+def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.DataFrame:
+    """Deterministic synthetic tickets: columns ``id, text, label, n_words``.
+
+    Label ``i mod 3`` for ticket ``i`` in both styles, so any prefix of the set is balanced.
+    """
+    if n < 1:
+        raise ValueError(f"make_tickets needs n >= 1, got n={n}")
+    counts = ticket_word_counts(n, seed)
+    if style == "article":
+        rows = [_article_ticket(i, int(c)) for i, c in enumerate(counts)]
+    elif style == "varied":
+        rng = np.random.default_rng([seed, 1])  # a separate stream: lengths stay identical to "article"
+        rows = [_varied_ticket(i, int(c), rng) for i, c in enumerate(counts)]
+    else:
+        raise ValueError(f"unknown ticket style {style!r}: use 'article' or 'varied'")
+    texts, labels = zip(*rows)
+    return pd.DataFrame(
+        {
+            "id": np.arange(n),
+            "text": list(texts),
+            "label": list(labels),
+            "n_words": [len(t.split()) for t in texts],
+        }
+    )
+
+
+# Few-shot examples: written separately from the generators' base tickets, so no test ticket is an example.
+FEW_SHOT_EXAMPLES: list[tuple[str, str]] = [
+    ("I was charged for two licences but we only use one.", "billing"),
+    ("The password reset email never arrives in my inbox.", "technical"),
+    ("Please change the billing contact name on my profile to Anna Berg.", "account"),
+    ("Where can I find the invoice for my March payment?", "billing"),
+    ("The app shows an error code 42 when I try to save a draft.", "technical"),
+    ("I want to add my new work email as the login for my account.", "account"),
+    ("You took the payment twice after I updated my card details.", "billing"),
+    ("Since the update the editor loses my changes when I switch tabs.", "technical"),
+    ("How do I give my assistant access to my account?", "account"),
+    ("My refund was sent to an old card that is no longer active.", "billing"),
+    ("The sync between my phone and my laptop stopped working.", "technical"),
+    ("Please deactivate the second profile I created by mistake.", "account"),
+]
+
+
+def few_shot_examples(k: int) -> list[tuple[str, str]]:
+    """The first ``k`` curated examples (balanced across labels for k a multiple of 3)."""
+    if not 0 <= k <= len(FEW_SHOT_EXAMPLES):
+        raise ValueError(f"k must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {k}")
+    return FEW_SHOT_EXAMPLES[:k]
+
+
+def system_message(labels: Sequence[str] = LABELS, descriptions: dict[str, str] | None = None) -> str:
+    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``)."""
+    text = SYSTEM_PROMPT.format(labels=", ".join(labels))
+    if descriptions:
+        text += "".join(f"\n- {label}: {descriptions[label]}" for label in labels if label in descriptions)
+    return text
+
+
+def build_messages(
+    ticket: str,
+    labels: Sequence[str] = LABELS,
+    examples: Sequence[tuple[str, str]] = (),
+    descriptions: dict[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket."""
+    messages = [{"role": "system", "content": system_message(labels, descriptions)}]
+    for text, label in examples:
+        messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=text)})
+        messages.append({"role": "assistant", "content": label})
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=ticket)})
+    return messages
+
+
+def build_prompt(
+    tokenizer,
+    ticket: str,
+    labels: Sequence[str] = LABELS,
+    examples: Sequence[tuple[str, str]] = (),
+    descriptions: dict[str, str] | None = None,
+) -> str:
+    """The full prompt text through the tokenizer's chat template, generation prompt included."""
+    return tokenizer.apply_chat_template(
+        build_messages(ticket, labels, examples, descriptions), tokenize=False, add_generation_prompt=True
+    )
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a templated prompt. The template already holds the special tokens."""
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]

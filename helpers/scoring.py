@@ -1,0 +1,300 @@
+"""Constrained output: score the valid labels instead of generating text (notebook 01).
+
+A label's score is the log-probability the model gives to the label's tokens right after the prompt:
+``log p(t1 | prompt) + log p(t2 | prompt, t1) + ...``. When every label is one token, that is just
+the last position's logits (the first-token shortcut, exact). Otherwise the label continuations run
+on top of the prompt's KV cache, all labels at once, so the prompt is processed only once.
+
+Every optimized path in the series (prefix cache, batching) goes through ``label_log_probs`` and is
+checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+METHODS = ("auto", "first_token", "sequence")
+
+
+class LabelScorer:
+    """The label set as token sequences, and how to score them.
+
+    ``method="auto"`` uses the first-token shortcut only when it is exact (every label one token)
+    and full-sequence scoring otherwise. ``normalize=True`` divides a label's log-prob by its token
+    count (length-normalised), which stops long labels from being penalised for their length.
+    """
+
+    def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False):
+        labels = list(labels)
+        if not labels:
+            raise ValueError("the label list is empty: give at least two labels")
+        for position, label in enumerate(labels):
+            if not isinstance(label, str) or not label.strip():
+                raise ValueError(f"label #{position} ({label!r}) is empty: every label needs text")
+        duplicates = sorted({label for label in labels if labels.count(label) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate labels: {', '.join(map(repr, duplicates))}")
+        if method not in METHODS:
+            raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
+        self.labels = labels
+        self.token_ids: list[list[int]] = []
+        for label in labels:
+            ids = tokenizer(label, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"label {label!r} tokenizes to nothing")
+            self.token_ids.append(ids)
+        self.first_ids = [ids[0] for ids in self.token_ids]
+        single = all(len(ids) == 1 for ids in self.token_ids)
+        if method == "auto":
+            method = "first_token" if single else "sequence"
+        if method == "first_token" and len(set(self.first_ids)) < len(labels):
+            clash = [lab for lab, first in zip(labels, self.first_ids) if self.first_ids.count(first) > 1]
+            raise ValueError(
+                f"labels {', '.join(map(repr, clash))} share their first token: use method='sequence'"
+            )
+        self.method = method
+        self.normalize = normalize
+        self.lengths = torch.tensor([len(ids) for ids in self.token_ids])
+        # Continuations of the multi-token labels: inputs t1..t(k-1) predict targets t2..tk.
+        self.multi = [i for i, ids in enumerate(self.token_ids) if len(ids) > 1]
+        width = max((len(self.token_ids[i]) - 1 for i in self.multi), default=0)
+        self.cont_inputs = torch.zeros((len(self.multi), width), dtype=torch.long)
+        self.cont_targets = torch.zeros((len(self.multi), width), dtype=torch.long)
+        self.cont_mask = torch.zeros((len(self.multi), width), dtype=torch.bool)
+        for row, i in enumerate(self.multi):
+            ids = self.token_ids[i]
+            self.cont_inputs[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+            self.cont_targets[row, : len(ids) - 1] = torch.tensor(ids[1:])
+            self.cont_mask[row, : len(ids) - 1] = True
+
+    @property
+    def needs_continuation(self) -> bool:
+        return self.method == "sequence" and bool(self.multi)
+
+    def describe(self) -> str:
+        tokens = ", ".join(f"{lab}={len(ids)}" for lab, ids in zip(self.labels, self.token_ids))
+        return f"method={self.method}, tokens per label: {tokens}"
+
+    def __repr__(self) -> str:
+        return f"LabelScorer({self.labels}, {self.describe()})"
+
+
+@dataclass
+class LabelScores:
+    """Per-ticket label scores, in input order, with what produced them."""
+
+    labels: list[str]
+    log_scores: torch.Tensor  # (n, n_labels): summed (or length-normalised) label log-probs, float32
+    info: dict = field(default_factory=dict)
+
+    @property
+    def probabilities(self) -> torch.Tensor:
+        """Softmax over the labels: the confidence is the predicted label's share."""
+        return torch.softmax(self.log_scores, dim=-1)
+
+    @property
+    def predicted_index(self) -> np.ndarray:
+        return self.log_scores.argmax(dim=-1).numpy()
+
+    @property
+    def predictions(self) -> list[str]:
+        return [self.labels[i] for i in self.predicted_index]
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.probabilities.max(dim=-1).values.numpy()
+
+    def to_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame({"predicted_label": self.predictions, "confidence": self.confidence})
+        for j, label in enumerate(self.labels):
+            frame[f"p_{label}"] = self.probabilities[:, j].numpy()
+        return frame
+
+    def __len__(self) -> int:
+        return len(self.log_scores)
+
+
+def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token rows to one length: the last real token of every row sits at index -1."""
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            input_ids[i, width - len(row):] = torch.as_tensor(row)
+            attention_mask[i, width - len(row):] = 1
+    return input_ids, attention_mask
+
+
+@torch.inference_mode()
+def label_log_probs(
+    model,
+    scorer: LabelScorer,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    prefix=None,
+) -> torch.Tensor:
+    """Label log-probs (n_rows, n_labels) for token rows, in one forward pass (+ one for continuations).
+
+    ``rows`` are full prompts, or only the part after ``prefix`` (a ``PrefixCache``) when given.
+    Rows are left-padded; explicit position ids keep every real token at the position it has
+    unbatched, so padding changes no position (the agreement checks decide whether it changed logits).
+    """
+    device = model.device
+    input_ids, mask = pad_left(rows, pad_id)
+    batch = len(rows)
+    past_length = prefix.length if prefix is not None else 0
+    positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
+    if prefix is not None:
+        mask = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
+    if prefix is not None:
+        cache = prefix.cache_for_batch(batch)
+    else:
+        cache = DynamicCache(config=model.config) if scorer.needs_continuation else None
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=scorer.needs_continuation,
+        logits_to_keep=1,  # only the last position: a (rows x length x vocab) logits tensor would be huge
+    )
+    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    scores = first[:, scorer.first_ids].cpu()
+    if scorer.needs_continuation:
+        scores += _continuation_log_probs(model, scorer, out.cache, mask, positions[:, -1])
+    if scorer.normalize:
+        scores = scores / scorer.lengths
+    return scores
+
+
+def _continuation_log_probs(model, scorer, cache, mask, last_positions) -> torch.Tensor:
+    """Log-probs of the multi-token labels' later tokens, all labels of all rows in one batch."""
+    device = model.device
+    batch, n_multi = mask.shape[0], len(scorer.multi)
+    width = scorer.cont_inputs.shape[1]
+    if n_multi > 1:
+        cache.batch_repeat_interleave(n_multi)  # row b's cache serves its n_multi continuations
+    inputs = scorer.cont_inputs.repeat(batch, 1)
+    positions = last_positions.repeat_interleave(n_multi)[:, None] + 1 + torch.arange(width)
+    # Continuations are right-padded: causal attention keeps the padding out of the real positions.
+    cont_mask = torch.cat([mask.repeat_interleave(n_multi, dim=0), torch.ones_like(inputs)], dim=-1)
+    out = model(
+        input_ids=inputs.to(device),
+        attention_mask=cont_mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=width,
+    )
+    logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()
+    targets = scorer.cont_targets.repeat(batch, 1)
+    picked = logp.gather(-1, targets[..., None]).squeeze(-1) * scorer.cont_mask.repeat(batch, 1)
+    extra = torch.zeros((batch, len(scorer.labels)))
+    extra[:, scorer.multi] = picked.sum(-1).view(batch, n_multi)
+    return extra
+
+
+def score_one_by_one(
+    model,
+    tokenizer,
+    scorer: LabelScorer,
+    prompts: Sequence[str],
+    progress: bool = True,
+    desc: str = "one at a time",
+) -> LabelScores:
+    """The reference: one forward per ticket, no padding, no cache reuse."""
+    from .data import encode_prompt
+
+    scores = [
+        label_log_probs(model, scorer, [encode_prompt(tokenizer, prompt)], tokenizer.pad_token_id)
+        for prompt in tqdm(prompts, desc=desc, disable=not progress, leave=False)
+    ]
+    return LabelScores(scorer.labels, torch.cat(scores), {"strategy": "loop", "batch_size": 1})
+
+
+@torch.inference_mode()
+def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> torch.Tensor:
+    """The slow way, for checks: one full forward per label over prompt + label, all logits kept.
+
+    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is).
+    """
+    from .data import encode_prompt
+
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    scores = []
+    for ids in scorer.token_ids:
+        full = torch.tensor([prompt_ids + ids], device=model.device)
+        logp = torch.log_softmax(model(input_ids=full).logits[0].float(), dim=-1).cpu()
+        # The token at position p is predicted by the logits at p - 1.
+        score = sum(logp[len(prompt_ids) - 1 + k, token].item() for k, token in enumerate(ids))
+        scores.append(score / len(ids) if scorer.normalize else score)
+    return torch.tensor(scores)
+
+
+# --- the baseline: generate text, then parse it --------------------------------------------------
+
+
+def parse_label(text: str, labels: Sequence[str]) -> str | None:
+    """The label a generated answer names: exactly one label as a whole word, else None."""
+    found = {
+        label for label in labels if re.search(rf"\b{re.escape(label.lower())}\b", text.lower())
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+@torch.inference_mode()
+def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> str:
+    """Greedy free-form answer: the baseline that constrained scoring replaces."""
+    from .data import encode_prompt
+
+    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+# --- agreement with the reference -----------------------------------------------------------------
+
+# float32 paths differ from the reference only by summation order: ~1e-5 on log-probs in practice.
+FLOAT32_ATOL = 1e-3
+
+
+def agreement(reference: LabelScores, candidate: LabelScores) -> dict:
+    """Fraction of identical predicted labels and the largest label log-prob difference."""
+    if len(reference) != len(candidate):
+        raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
+    same = reference.predicted_index == candidate.predicted_index
+    diff = (reference.log_scores - candidate.log_scores).abs().max().item()
+    return {"agreement": float(same.mean()), "max_abs_diff": diff, "n": len(reference)}
+
+
+def assert_agrees(reference: LabelScores, candidate: LabelScores, atol: float = FLOAT32_ATOL) -> dict:
+    """Same label for every item and log-probs within ``atol``; the error names the first bad item."""
+    stats = agreement(reference, candidate)
+    differs = np.flatnonzero(reference.predicted_index != candidate.predicted_index)
+    if len(differs):
+        i = differs[0]
+        raise AssertionError(
+            f"{len(differs)} of {len(reference)} predictions differ; first: item {i} "
+            f"{reference.predictions[i]!r} (reference) vs {candidate.predictions[i]!r}"
+        )
+    if not stats["max_abs_diff"] <= atol:  # written this way so NaN fails too
+        worst = (reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item()
+        raise AssertionError(
+            f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: item {worst})"
+        )
+    return stats

@@ -1,0 +1,43 @@
+"""Shared fixtures: every test runs offline, on the embedded model or a tiny random Qwen2."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
+from helpers.models import load_model
+
+# Small sizes: every check runs on every item, the whole suite in minutes on 2 cores.
+N_TICKETS = 24
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    return load_model("embedded", verbose=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen():
+    return load_model("twin:tiny-qwen2", verbose=False)
+
+
+@pytest.fixture(scope="session", params=["embedded", "tiny_qwen"])
+def any_model(request):
+    """Both architectures: Llama (the embedded SmolLM2) and Qwen2 (random, tiny)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="session")
+def tickets():
+    return make_tickets(N_TICKETS, style="varied")
+
+
+@pytest.fixture(scope="session")
+def few_shot():
+    return few_shot_examples(3)
+
+
+def prompts_for(tokenizer, texts, examples=()):
+    return [build_prompt(tokenizer, text, LABELS, examples) for text in texts]

@@ -1,0 +1,101 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.batching import (
+    STRATEGIES,
+    global_padding_factor,
+    padding_report,
+    plan_batches,
+    score_batched,
+)
+from helpers.data import LABELS
+from helpers.prefix_cache import PrefixCache
+from helpers.scoring import LabelScorer, assert_agrees, score_one_by_one
+
+from .conftest import prompts_for
+
+lengths_lists = st.lists(st.integers(1, 500), min_size=1, max_size=200)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=lengths_lists, strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 64), budget=st.integers(1, 20000))
+def test_every_item_lands_in_exactly_one_batch(lengths, strategy, batch_size, budget):
+    batches = plan_batches(lengths, strategy, batch_size, budget)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert all(batches), "no empty batch"
+    if strategy == "token_budget":
+        for batch in batches:
+            assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= budget
+    elif strategy != "loop":
+        assert all(len(batch) <= batch_size for batch in batches)
+    report = padding_report(lengths, batches)
+    assert report.real_tokens == sum(lengths) and report.processed_tokens >= report.real_tokens
+    assert 0 <= report.padding_fraction < 1
+
+
+def test_sorting_pads_less_than_arbitrary_order():
+    lengths = [10, 400, 12, 390, 11, 405, 9, 380]
+    arbitrary = padding_report(lengths, plan_batches(lengths, "arbitrary", 2))
+    ordered = padding_report(lengths, plan_batches(lengths, "sorted", 2))
+    assert ordered.padding_fraction < 0.05 < 0.4 < arbitrary.padding_fraction
+    assert plan_batches(lengths, "sorted", 2)[0] == [5, 1], "longest first"
+    assert global_padding_factor([10, 30]) == pytest.approx(1.5)
+
+
+def test_bad_batching_arguments_are_refused():
+    with pytest.raises(ValueError, match="list of items is empty"):
+        plan_batches([], "sorted")
+    with pytest.raises(ValueError, match="unknown batching strategy 'random'"):
+        plan_batches([1], "random")
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        plan_batches([1], "sorted", batch_size=0)
+    with pytest.raises(ValueError, match="needs token_budget"):
+        plan_batches([1], "token_budget")
+
+
+STRATEGY_CASES = [
+    ("arbitrary", dict(batch_size=5)),
+    ("sorted", dict(batch_size=5)),
+    ("sorted", dict(batch_size=24)),
+    ("token_budget", dict(token_budget=900)),
+]
+
+
+@pytest.mark.parametrize("use_prefix", [False, True], ids=["plain", "prefix"])
+def test_every_strategy_agrees_with_the_loop_on_every_ticket(any_model, tickets, few_shot, use_prefix):
+    model, tokenizer, _ = any_model
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"], few_shot)
+    reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot) if use_prefix else None
+    for strategy, options in STRATEGY_CASES:
+        result = score_batched(model, tokenizer, scorer, prompts, strategy, prefix=prefix, progress=False, **options)
+        assert not torch.isnan(result.log_scores).any(), f"{strategy}: NaN scores"
+        try:
+            assert_agrees(reference, result, atol=1e-3)
+        except AssertionError as error:
+            raise AssertionError(f"{strategy} {options} prefix={use_prefix}: {error}") from None
+
+
+def test_results_return_to_their_input_slots(embedded, tickets):
+    """Sorted batches run in another order; each score must still land in its own row."""
+    model, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"][:6])
+    reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    reversed_input = score_batched(model, tokenizer, scorer, prompts[::-1], "sorted", batch_size=3, progress=False)
+    assert torch.allclose(reversed_input.log_scores.flip(0), reference.log_scores, atol=1e-3)
+    assert reference.log_scores.std(0).sum() > 0, "tickets must differ for this test to mean anything"
+
+
+def test_batched_info_reports_timing_and_padding(embedded, tickets):
+    model, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, LABELS)
+    result = score_batched(model, tokenizer, scorer, prompts_for(tokenizer, tickets["text"][:8]), "sorted", batch_size=4, progress=False)
+    info = result.info
+    assert info["n"] == 8 and info["n_batches"] == 2 and info["items_per_s"] > 0
+    assert info["processed_tokens"] >= info["real_tokens"] and 0 <= info["padding_fraction"] < 1
+    with pytest.raises(ValueError, match="no prompts"):
+        score_batched(model, tokenizer, scorer, [], "sorted")

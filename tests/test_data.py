@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+from helpers.data import (
+    FEW_SHOT_EXAMPLES,
+    LABELS,
+    VARIED_BASES,
+    build_messages,
+    build_prompt,
+    encode_prompt,
+    few_shot_examples,
+    make_tickets,
+    ticket_word_counts,
+)
+
+
+@pytest.mark.parametrize("style", ["article", "varied"])
+def test_tickets_are_deterministic_for_a_seed(style):
+    first, again = make_tickets(50, seed=3, style=style), make_tickets(50, seed=3, style=style)
+    assert first.equals(again), "same seed must give the same tickets"
+    assert not first.equals(make_tickets(50, seed=4, style=style)), "another seed must give other tickets"
+
+
+@pytest.mark.parametrize("style", ["article", "varied"])
+def test_word_counts_follow_the_reference_distribution(style):
+    tickets = make_tickets(600, style=style)
+    expected = np.clip(np.random.default_rng(0).lognormal(np.log(60), 0.9, 600), 12, 400).astype(int)
+    assert (tickets["n_words"].to_numpy() == expected).all(), "word counts must match the reference generator"
+    assert tickets["n_words"].min() >= 12 and tickets["n_words"].max() <= 400
+    assert 50 <= tickets["n_words"].median() <= 70, "median near the lognormal's 60 words"
+
+
+@pytest.mark.parametrize("style", ["article", "varied"])
+def test_labels_are_balanced_and_rotate(style):
+    tickets = make_tickets(600, style=style)
+    assert tickets["label"].value_counts().to_dict() == {label: 200 for label in LABELS}
+    assert list(tickets["label"][:6]) == list(LABELS) * 2, "ticket i has label i mod 3"
+    assert list(tickets.columns) == ["id", "text", "label", "n_words"]
+
+
+def test_article_style_uses_three_base_sentences():
+    tickets = make_tickets(90, style="article")
+    starts = {text.split(".")[0] for text in tickets["text"]}
+    assert len(starts) == 3
+
+
+def test_varied_style_has_many_distinct_tickets_per_label():
+    tickets = make_tickets(600, style="varied")
+    for label in LABELS:
+        assert len(VARIED_BASES[label]) >= 15
+        texts = tickets.loc[tickets["label"] == label, "text"]
+        probes = {base: " ".join(base.split()[:6]) for base in VARIED_BASES[label]}
+        used = {base for base, probe in probes.items() if texts.str.contains(probe, regex=False).any()}
+        assert len(used) >= 10, f"{label}: only {len(used)} base tickets used"
+        assert texts.nunique() > 150, f"{label}: tickets repeat too much"
+
+
+def test_few_shot_examples_never_are_test_tickets():
+    texts = set(make_tickets(600, style="varied")["text"]) | set(make_tickets(600, style="article")["text"])
+    assert not texts & {text for text, _ in FEW_SHOT_EXAMPLES}
+    assert [label for _, label in few_shot_examples(6)] == list(LABELS) * 2
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="style"):
+        make_tickets(5, style="poetry")
+    with pytest.raises(ValueError, match="n >= 1"):
+        make_tickets(0)
+    with pytest.raises(ValueError, match="k must be"):
+        few_shot_examples(99)
+
+
+def test_few_shot_examples_are_earlier_chat_turns():
+    messages = build_messages("My app crashes", LABELS, few_shot_examples(2))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages[2]["content"] == "billing" and messages[-1]["content"].startswith("Ticket: My app crashes")
+
+
+def test_article_prompt_lengths_match_the_reference(embedded):
+    """FACTS.md: with the embedded tokenizer, near min 50 / median 96 / max 451 tokens."""
+    _, tokenizer, _ = embedded
+    lengths = [len(encode_prompt(tokenizer, build_prompt(tokenizer, t))) for t in make_tickets(600)["text"]]
+    assert 45 <= min(lengths) <= 60 and 90 <= np.median(lengths) <= 106 and 440 <= max(lengths) <= 475
+    assert ticket_word_counts(600).max() == 400

@@ -1,0 +1,91 @@
+import time
+
+import pytest
+import torch
+
+from helpers import models
+from helpers.models import convert_embedded, load_model, pick_dtype
+
+
+def test_embedded_model_loads_with_a_record(embedded):
+    model, tokenizer, info = embedded
+    assert info.name.startswith("SmolLM2-135M-Instruct")
+    assert 130e6 < info.n_params < 140e6
+    assert (info.dtype, info.device) == ("float32", "cpu")
+    assert info.threads >= 1 and info.fallback_reason is None
+    assert model.config.model_type == "llama"
+
+
+def test_tokenizer_is_prepared_for_left_padded_batches(embedded):
+    _, tokenizer, _ = embedded
+    assert tokenizer.pad_token is not None
+    assert tokenizer.padding_side == "left"
+
+
+def test_default_falls_back_to_the_embedded_model_quickly_and_says_why(monkeypatch, capsys):
+    monkeypatch.delenv("SLM_MODEL", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "_hub_cached", lambda name: False)
+    start = time.perf_counter()
+    _, _, info = load_model()
+    assert time.perf_counter() - start < 10, "the offline fallback decision must not wait on the network"
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and "Qwen/Qwen2.5-0.5B-Instruct" in printed[0] and "embedded" in printed[0]
+    assert info.fallback_reason and "HF_HUB_OFFLINE" in info.fallback_reason
+
+
+def test_unreachable_hub_is_decided_within_the_probe_timeout(monkeypatch):
+    monkeypatch.delenv("SLM_MODEL", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_cached", lambda name: False)
+    monkeypatch.setattr(models, "HUB_PROBE_TIMEOUT_S", 0.5)
+    expected = (models.EMBEDDED, "not in the local Hugging Face cache and the hub is unreachable")
+    # A refused connection (nothing listens on loopback port 1) ...
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    assert models.resolve_name() == expected
+    # ... and one that hangs (DNS or a silent firewall) are both decided within the timeout.
+    monkeypatch.setattr(models.socket, "create_connection", lambda *args, **kwargs: time.sleep(30))
+    start = time.perf_counter()
+    assert models.resolve_name() == expected
+    assert time.perf_counter() - start < 2
+
+
+def test_explicit_names_never_fall_back(monkeypatch):
+    monkeypatch.setenv("SLM_MODEL", "embedded")
+    assert models.resolve_name() == ("embedded", None)
+    assert models.resolve_name("some/model") == ("some/model", None)
+    with pytest.raises(RuntimeError, match="cannot load model '/no/such/model'"):
+        load_model("/no/such/model", verbose=False)
+    with pytest.raises(ValueError, match="unknown twin"):
+        load_model("twin:gpt-9", verbose=False)
+
+
+def test_dtype_names_are_resolved_and_bad_ones_refused():
+    cpu = torch.device("cpu")
+    assert pick_dtype(None, cpu) == torch.float32
+    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert pick_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'float7'"):
+        pick_dtype("float7", cpu)
+
+
+def test_converted_cache_is_reused_and_loads_fast():
+    path = convert_embedded()
+    stamp = (path / "model.safetensors").stat().st_mtime
+    start = time.perf_counter()
+    assert convert_embedded() == path
+    model, _, _ = load_model("embedded", verbose=False)
+    assert time.perf_counter() - start < 5, "a warm load reuses the converted files"
+    assert (path / "model.safetensors").stat().st_mtime == stamp, "the cache must not be rewritten"
+
+
+def test_converted_model_gives_the_gguf_models_logits(embedded, tmp_path):
+    """The conversion is only a faster way to load: same weights, same logits."""
+    from transformers import AutoModelForCausalLM
+
+    gguf = models.embedded_gguf_path()
+    original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    converted, tokenizer, _ = embedded
+    ids = torch.tensor([tokenizer("The app crashes when I open settings.")["input_ids"]])
+    with torch.inference_mode():
+        assert torch.allclose(original(ids).logits, converted(ids).logits, atol=1e-5)

@@ -1,0 +1,122 @@
+import pytest
+import torch
+
+from helpers.data import LABELS
+from helpers.scoring import (
+    LabelScorer,
+    LabelScores,
+    agreement,
+    assert_agrees,
+    label_log_probs_slow,
+    parse_label,
+    score_one_by_one,
+)
+
+from .conftest import prompts_for
+
+
+def test_bad_label_lists_get_one_line_errors(embedded):
+    _, tokenizer, _ = embedded
+    cases = [
+        ([], "label list is empty"),
+        (["billing", "billing", "account"], "duplicate labels: 'billing'"),
+        (["billing", "  "], "label #1"),
+        (["billing", "account"], None),
+    ]
+    for labels, message in cases:
+        if message is None:
+            LabelScorer(tokenizer, labels)
+            continue
+        with pytest.raises(ValueError, match=message) as error:
+            LabelScorer(tokenizer, labels)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="unknown scoring method"):
+        LabelScorer(tokenizer, LABELS, method="vibes")
+
+
+def test_label_that_tokenizes_to_nothing_is_refused():
+    class NothingTokenizer:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": []}
+
+    with pytest.raises(ValueError, match="label 'billing' tokenizes to nothing"):
+        LabelScorer(NothingTokenizer(), ["billing", "account"])
+
+
+def test_auto_picks_first_token_only_when_it_is_exact(embedded):
+    _, tokenizer, _ = embedded
+    # The embedded tokenizer splits "billing" into "b" + "illing".
+    assert LabelScorer(tokenizer, LABELS).method == "sequence"
+    assert LabelScorer(tokenizer, ["payment", "technical", "account"]).method == "first_token"
+
+
+def test_first_token_shortcut_refuses_labels_sharing_a_first_token(embedded):
+    _, tokenizer, _ = embedded
+    with pytest.raises(ValueError, match="share their first token"):
+        LabelScorer(tokenizer, ["billing", "bills", "account"], method="first_token")
+    assert LabelScorer(tokenizer, ["billing", "bills", "account"]).method == "sequence"
+
+
+def test_first_token_equals_full_sequence_for_single_token_labels(any_model, tickets):
+    model, tokenizer, _ = any_model
+    labels = ["payment", "technical", "account"]
+    prompts = prompts_for(tokenizer, tickets["text"])
+    first = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels, "first_token"), prompts, progress=False)
+    full = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels, "sequence"), prompts, progress=False)
+    assert_agrees(first, full, atol=1e-6)
+
+
+def test_constrained_scores_equal_the_slow_full_forward_on_every_ticket(any_model, tickets, few_shot):
+    """One pass + cached continuations gives what one full forward per label gives."""
+    model, tokenizer, _ = any_model
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"], few_shot)
+    slow = LabelScores(LABELS, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
+    # Length-normalised: the same sums divided by each label's token count.
+    normalized = LabelScorer(tokenizer, LABELS, normalize=True)
+    per_token = LabelScores(LABELS, slow.log_scores / normalized.lengths)
+    assert_agrees(per_token, score_one_by_one(model, tokenizer, normalized, prompts, progress=False), atol=1e-3)
+
+
+def test_several_multi_token_labels_are_scored_together(embedded, tickets):
+    """More than one multi-token label: the continuation batch repeats each row's cache."""
+    model, tokenizer, _ = embedded
+    labels = ["billing", "refund", "invoice", "technical"]
+    scorer = LabelScorer(tokenizer, labels)
+    assert len(scorer.multi) == 3
+    prompts = prompts_for(tokenizer, tickets["text"][:6])
+    fast = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    assert_agrees(slow, fast, atol=1e-3)
+
+
+def test_scores_make_probabilities_and_a_frame(embedded, tickets):
+    model, tokenizer, _ = embedded
+    result = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"][:4]), progress=False)
+    assert torch.allclose(result.probabilities.sum(-1), torch.ones(4))
+    frame = result.to_frame()
+    assert list(frame.columns) == ["predicted_label", "confidence", "p_billing", "p_technical", "p_account"]
+    assert (frame["confidence"] >= 1 / 3).all()
+
+
+def test_agreement_check_names_the_first_differing_item():
+    reference = LabelScores(["a", "b"], torch.tensor([[0.0, -1.0], [0.0, -1.0], [-1.0, 0.0]]))
+    swapped = LabelScores(["a", "b"], torch.tensor([[0.0, -1.0], [-1.0, 0.0], [-1.0, 0.0]]))
+    assert agreement(reference, swapped)["agreement"] == pytest.approx(2 / 3)
+    with pytest.raises(AssertionError, match="1 of 3 predictions differ; first: item 1"):
+        assert_agrees(reference, swapped)
+    nudged = LabelScores(["a", "b"], reference.log_scores + 0.01)
+    with pytest.raises(AssertionError, match="differ by 1.00e-02"):
+        assert_agrees(reference, nudged)
+    nan = LabelScores(["a", "b"], torch.full((3, 2), float("nan")))
+    with pytest.raises(AssertionError):
+        assert_agrees(nan, nan)
+
+
+def test_parse_label_accepts_exactly_one_label():
+    assert parse_label("Billing.", LABELS) == "billing"
+    assert parse_label("The category is technical", LABELS) == "technical"
+    assert parse_label("billing or account", LABELS) is None
+    assert parse_label("I think it is a payment problem", LABELS) is None
+    assert parse_label("accounting", LABELS) is None
