@@ -298,3 +298,20 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol: float = 
             f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: item {worst})"
         )
     return stats
+
+
+def coverage_curve(confidence, correct, thresholds=None) -> pd.DataFrame:
+    """Route tickets below a confidence threshold to a human: coverage and accuracy of the rest."""
+    confidence, correct = np.asarray(confidence), np.asarray(correct, dtype=bool)
+    if thresholds is None:
+        thresholds = np.unique(np.concatenate([[0.0], confidence]))
+    rows = []
+    for threshold in thresholds:
+        kept = confidence >= threshold
+        rows.append({
+            "threshold": float(threshold),
+            "coverage": kept.mean(),
+            "accuracy": correct[kept].mean() if kept.any() else np.nan,
+            "to_human": int((~kept).sum()),
+        })
+    return pd.DataFrame(rows)
