@@ -12,6 +12,7 @@ checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -214,11 +215,15 @@ def score_one_by_one(
     """The reference: one forward per ticket, no padding, no cache reuse."""
     from .data import encode_prompt
 
+    start = time.perf_counter()
     scores = [
         label_log_probs(model, scorer, [encode_prompt(tokenizer, prompt)], tokenizer.pad_token_id)
         for prompt in tqdm(prompts, desc=desc, disable=not progress, leave=False)
     ]
-    return LabelScores(scorer.labels, torch.cat(scores), {"strategy": "loop", "batch_size": 1})
+    seconds = time.perf_counter() - start
+    info = {"strategy": "loop", "batch_size": 1, "n": len(prompts), "seconds": seconds,
+            "items_per_s": len(prompts) / seconds}
+    return LabelScores(scorer.labels, torch.cat(scores), info)
 
 
 @torch.inference_mode()
