@@ -13,9 +13,19 @@ def caption(info) -> str:
     return f"{info.name}{note} · {info.dtype} · {info.device}, {info.threads} threads"
 
 
+def bench_caption(frame) -> str:
+    """The caption for benchmark figures: model, dtypes, device, threads, tickets."""
+    first = frame.iloc[0]
+    note = " (random weights: timing only)" if first["timing_only"] else ""
+    dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
+    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {first['threads']} threads · "
+            f"n={first['n']}, {first['shots']} shots")
+
+
 def finish(fig, info, path: str | Path) -> Path:
-    """Add the caption, tighten the layout and save next to the executed notebook."""
-    fig.text(0.01, 0.005, caption(info), fontsize=8, color="0.35", ha="left", va="bottom")
+    """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG."""
+    text = info if isinstance(info, str) else caption(info)
+    fig.text(0.01, 0.005, text, fontsize=8, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=120)
@@ -47,3 +57,75 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
     ax.set_title("The longer the static prefix, the more the cache saves")
     ax.grid(alpha=0.3)
     return fig, finish(fig, info, path)
+
+
+STRATEGY_LABELS = {
+    "generate": "generate + parse",
+    "loop": "loop (constrained)",
+    "loop_prefix": "loop + prefix",
+    "arbitrary": "arbitrary batches",
+    "sorted": "sorted batches",
+    "token_budget": "token budget",
+    "sorted_prefix": "sorted + prefix",
+}
+
+
+def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
+    """Items/s against batch size: a line per strategy, a line style per dtype; loops as flat references."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = ["-", "--", ":", "-."]
+    colors = {}
+    for (dtype, strategy), rows in frame.groupby(["dtype", "strategy"], sort=False):
+        style = styles[list(dict.fromkeys(frame["dtype"])).index(dtype) % len(styles)]
+        color = colors.setdefault(strategy, f"C{len(colors)}")
+        label = f"{STRATEGY_LABELS.get(strategy, strategy)}, {dtype}"
+        if rows["batch_size"].nunique() == 1 and strategy in ("loop", "loop_prefix", "generate"):
+            ax.axhline(rows["items_per_s"].iloc[0], color=color, ls=style, lw=1, label=label)
+        else:
+            rows = rows.sort_values("batch_size")
+            ax.plot(rows["batch_size"], rows["items_per_s"], marker="o", color=color, ls=style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (rows; token budget: rows x median length)")
+    ax.set_ylabel("throughput (tickets / s)")
+    ax.set_title("Throughput against batch size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return fig, finish(fig, bench_caption(frame), path)
+
+
+def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strategy.png"):
+    """Bar chart: padding fraction of processed tokens for each way of forming batches."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar(padding["strategy"], padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
+    ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
+    ax.set_ylabel("padding (% of processed tokens)")
+    ax.set_title("Padding by batching strategy")
+    ax.grid(alpha=0.3, axis="y")
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_ladder(ladder, caption_text: str, path="technique_ladder.png"):
+    """Horizontal bars: each step's speedup over the one-at-a-time loop."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    bars = ax.barh(ladder["step"], ladder["speedup"], color="C0")
+    ax.bar_label(bars, fmt="%.2fx", fontsize=8, padding=2)
+    ax.axvline(1, color="0.5", lw=1, ls="--")
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over the float32 constrained loop (x)")
+    ax.set_title("The technique ladder")
+    ax.grid(alpha=0.3, axis="x")
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_roof_fraction(frame, path="roof_fraction.png"):
+    """Share of the measured matmul throughput spent on useful (ticket, non-prefix) tokens."""
+    best = frame.dropna(subset=["roof_fraction"]).sort_values("roof_fraction").groupby(["strategy", "dtype"], sort=False).tail(1)
+    labels = [f"{STRATEGY_LABELS.get(s, s)}\n{d}" for s, d in zip(best["strategy"], best["dtype"])]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(labels, best["roof_fraction"] * 100, color=["C0" if d == "float32" else "C1" for d in best["dtype"]])
+    ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
+    ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
+    ax.set_title("How much of the machine goes into the tickets' own tokens (best batch size)")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return fig, finish(fig, bench_caption(frame), path)

@@ -1,0 +1,253 @@
+"""Benchmarks: every technique, batch size and dtype in one run, checked against the float32 loop (notebook 04).
+
+Each row of the result is one (strategy, batch size, dtype): median items/s over repeats after a warm-up,
+padding, agreement with the float32 one-at-a-time loop, peak memory, and the share of the machine's
+measured matmul throughput ("roof") that went into useful work.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .batching import score_batched
+from .data import LABELS, build_prompt, encode_prompt, few_shot_examples, make_tickets
+from .models import load_model
+from .prefix_cache import PrefixCache
+from .scoring import LabelScorer, LabelScores, agreement, generate_answer, parse_label
+
+# name -> (batching strategy, uses the prefix cache)
+STRATEGIES = {
+    "loop": ("loop", False),
+    "loop_prefix": ("loop", True),
+    "arbitrary": ("arbitrary", False),
+    "sorted": ("sorted", False),
+    "token_budget": ("token_budget", False),
+    "sorted_prefix": ("sorted", True),
+}
+EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01 (float32, batch 1)
+DEFAULT_STRATEGIES = tuple(STRATEGIES)
+DEFAULT_BATCH_SIZES = (8, 32)
+DEFAULT_DTYPES = ("float32", "bfloat16")
+
+
+# --- the machine's roof -----------------------------------------------------------------------------
+
+
+def non_embedding_parameters(model) -> int:
+    """Parameters doing per-token matmuls: everything but the input embedding and the output layer."""
+    skip = {id(model.get_input_embeddings().weight)}
+    if model.get_output_embeddings() is not None:
+        skip.add(id(model.get_output_embeddings().weight))
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@torch.inference_mode()
+def matmul_roof(model, dtype: torch.dtype, tokens: int = 256, repeats: int = 5) -> float:
+    """Measured FLOP/s of one MLP-sized matmul (tokens x hidden @ hidden x intermediate) in ``dtype``."""
+    device = model.device
+    hidden, inner = model.config.hidden_size, model.config.intermediate_size
+    a = torch.randn(tokens, hidden, device=device, dtype=dtype)
+    b = torch.randn(hidden, inner, device=device, dtype=dtype)
+    a @ b  # warm-up: first calls pick kernels
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        _sync(device)
+        best = min(best, (time.perf_counter() - start) / 4)
+    return 2 * tokens * hidden * inner / best
+
+
+# --- peak memory ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def peak_memory(device: torch.device):
+    """Yields a dict whose ``mb`` is the peak after the block: CUDA allocations, else process RSS."""
+    result = {"mb": float("nan")}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        result["mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        return
+    statm = "/proc/self/statm"
+    if not os.path.exists(statm):  # macOS, Windows: the process high-water mark is the best we have
+        import resource
+
+        yield result
+        result["mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            with open(statm) as handle:
+                peak[0] = max(peak[0], int(handle.read().split()[1]) * page)
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        sampler.join()
+        result["mb"] = peak[0] / 2**20
+
+
+# --- the benchmark -----------------------------------------------------------------------------------
+
+
+def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, n: int) -> None:
+    known = (*STRATEGIES, *EXTRA_STRATEGIES)
+    unknown = [s for s in strategies if s not in known]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(known)}")
+    if not strategies:
+        raise ValueError("no strategies to benchmark")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+    if repeats < 1 or n < 1:
+        raise ValueError(f"repeats and n must be >= 1, got repeats={repeats}, n={n}")
+
+
+def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
+    start = time.perf_counter()
+    parsed = [parse_label(generate_answer(model, tokenizer, p), reference.labels) for p in prompts]
+    seconds = time.perf_counter() - start
+    same = np.mean([label == ref for label, ref in zip(parsed, reference.predictions)])
+    return {"items_per_s": len(prompts) / seconds, "agreement": float(same), "max_abs_diff": np.nan,
+            "padding_fraction": 0.0, "unparseable": float(np.mean([p is None for p in parsed]))}
+
+
+def run_benchmark(
+    model_name: str | None = None,
+    n: int = 48,
+    style: str = "article",
+    shots: int = 6,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    dtypes: Sequence[str] = DEFAULT_DTYPES,
+    repeats: int = 1,
+    device: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """One row per (strategy, batch size, dtype); agreement is measured against the float32 loop.
+
+    ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
+    has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
+    """
+    _validate(strategies, batch_sizes, repeats, n)
+    texts = make_tickets(n, seed=seed, style=style)["text"].tolist()
+    rows: list[dict] = []
+    reference: LabelScores | None = None
+    # float32 first: its loop is the reference every other row is compared with.
+    ordered = sorted(dict.fromkeys(dtypes), key=lambda d: d != "float32")
+    if "float32" not in ordered:
+        ordered.insert(0, "float32")
+    for dtype in ordered:
+        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=reference is None)
+        examples = few_shot_examples(shots)
+        prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
+        scorer = LabelScorer(tokenizer, LABELS)
+        prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
+        lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
+        useful_params = non_embedding_parameters(model)
+        roof = matmul_roof(model, model.dtype)
+        if reference is None:  # the float32 loop, computed once
+            reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=progress)
+        if dtype not in dtypes:
+            continue
+        plan = [(name, 1) for name in strategies if name in ("loop", "loop_prefix", "generate")]
+        plan += [(name, b) for name in strategies if name not in ("loop", "loop_prefix", "generate") for b in batch_sizes]
+        for name, batch_size in tqdm(plan, desc=f"benchmark {dtype}", disable=not progress):
+            if name == "generate":
+                if dtype != "float32":
+                    continue
+                with peak_memory(model.device) as memory:
+                    measured = _time_generate(model, tokenizer, prompts, reference)
+                seconds_per_run, padding, budget, useful_tokens = len(prompts) / measured["items_per_s"], 0.0, None, None
+            else:
+                strategy, uses_prefix = STRATEGIES[name]
+                budget = int(batch_size * np.median(lengths)) if strategy == "token_budget" else None
+                options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget,
+                               prefix=prefix if uses_prefix else None, progress=False)
+                # Warm-up on one batch of the longest items: first calls allocate memory and pick kernels.
+                longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])[: min(batch_size, 8)]
+                score_batched(model, tokenizer, scorer, [prompts[i] for i in longest], **options)
+                timings = []
+                with peak_memory(model.device) as memory:
+                    for _ in range(repeats):
+                        result = score_batched(model, tokenizer, scorer, prompts, **options)
+                        timings.append(result.info["seconds"])
+                seconds_per_run = statistics.median(timings)
+                stats = agreement(reference, result)
+                measured = {"items_per_s": len(prompts) / seconds_per_run, **stats,
+                            "padding_fraction": result.info["padding_fraction"], "unparseable": 0.0}
+                useful_tokens = sum(lengths) - prefix.length * len(prompts)
+            useful = 2 * useful_params * useful_tokens / seconds_per_run if useful_tokens else np.nan
+            rows.append({
+                "strategy": name,
+                "batch_size": batch_size,
+                "token_budget": budget,
+                "dtype": dtype,
+                "items_per_s": measured["items_per_s"],
+                "padding_fraction": measured["padding_fraction"],
+                "agreement": measured["agreement"],
+                "max_abs_diff": measured.get("max_abs_diff", np.nan),
+                "unparseable": measured["unparseable"],
+                "peak_memory_mb": memory["mb"],
+                "useful_gflops": useful / 1e9,
+                "roof_gflops": roof / 1e9,
+                "roof_fraction": useful / roof,
+                "model": info.name,
+                "timing_only": info.timing_only,
+                "device": info.device,
+                "threads": info.threads,
+                "n": len(prompts),
+                "shots": shots,
+                "prefix_tokens": prefix.length,
+                "repeats": repeats,
+            })
+        del model
+    frame = pd.DataFrame(rows)
+    loop = frame.query("strategy == 'loop' and dtype == 'float32'")
+    if len(loop):
+        frame["speedup_vs_loop"] = frame["items_per_s"] / loop["items_per_s"].iloc[0]
+    return frame
+
+
+def padding_by_strategy(tokenizer, n: int = 600, batch_size: int = 32, style: str = "article", seed: int = 0) -> pd.DataFrame:
+    """Padding fraction of each batch plan on the zero-shot prompts (tokenizer only, no model run)."""
+    from .batching import global_padding_factor, padding_report, plan_batches
+
+    texts = make_tickets(n, seed, style)["text"]
+    lengths = [len(encode_prompt(tokenizer, build_prompt(tokenizer, text))) for text in texts]
+    rows = [{"strategy": "global maximum", "padding_fraction": 1 - 1 / global_padding_factor(lengths)}]
+    budget = int(batch_size * np.median(lengths))
+    for strategy in ("arbitrary", "sorted", "token_budget"):
+        report = padding_report(lengths, plan_batches(lengths, strategy, batch_size, budget))
+        rows.append({"strategy": strategy, "padding_fraction": report.padding_fraction})
+    return pd.DataFrame(rows)
