@@ -36,7 +36,7 @@ STRATEGIES = {
 }
 EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01 (float32, batch 1)
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
-DEFAULT_BATCH_SIZES = (8, 32)
+DEFAULT_BATCH_SIZES = (4, 16)
 DEFAULT_DTYPES = ("float32", "bfloat16")
 
 
@@ -143,7 +143,7 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
 
 def run_benchmark(
     model_name: str | None = None,
-    n: int = 48,
+    n: int = 32,
     style: str = "article",
     shots: int = 6,
     strategies: Sequence[str] = DEFAULT_STRATEGIES,
