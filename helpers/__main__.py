@@ -1,10 +1,11 @@
-"""Command line: ``python -m helpers bench ...`` (notebook 04)."""
+"""Command line: ``python -m helpers bench ...`` (notebook 04) and ``python -m helpers classify ...``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 
 
 def _csv_list(kind):
@@ -58,15 +59,93 @@ def run_bench(args) -> int:
     return 0
 
 
+def add_classify_parser(commands) -> None:
+    classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
+    classify.add_argument("input", help="a .csv or .jsonl file")
+    classify.add_argument("--labels", required=True, help="comma-separated, e.g. billing,technical,account")
+    classify.add_argument("--output", required=True, help="where to write the result (.csv or .jsonl)")
+    classify.add_argument("--text-column", default="text", help="the column holding the texts (default: text)")
+    classify.add_argument("--model", default=None, help="hub id, local path or 'embedded' (default: as load_model)")
+    classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"])
+    classify.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
+    classify.add_argument("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
+    classify.add_argument("--no-prefix-cache", action="store_true", help="run every prompt in full")
+    classify.add_argument("--examples", default=None, help="few-shot examples: a .csv/.jsonl with text and label columns")
+    classify.add_argument("--verify", type=int, default=0, metavar="K",
+                          help="re-run K random rows one at a time and fail on any disagreement")
+    classify.add_argument("--truncate", action="store_true", help="cut texts longer than the context (keeps the head)")
+    classify.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    classify.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_classify(args) -> int:
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    from .classify import (
+        InputError, check_output_path, context_length, parse_labels, prepare_prompts, read_examples, read_table,
+        result_frame, score_rows, verify_sample, write_table,
+    )
+    from .models import cpu_threads, load_model
+    from .prefix_cache import PrefixCache
+    from .scoring import LabelScorer
+
+    start = time.perf_counter()
+    # One process per GPU under torchrun / accelerate launch; CPU processes talk over gloo.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    labels = parse_labels(args.labels)
+    output = check_output_path(args.output, args.overwrite)
+    frame = read_table(args.input, args.text_column)
+    examples = read_examples(args.examples, labels) if args.examples else []
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    strategy = "token_budget" if args.token_budget else args.strategy
+    model, tokenizer, info = load_model(args.model, dtype=args.dtype, device=state.device, verbose=state.is_main_process)
+    if state.num_processes > 1 and state.device.type == "cpu":
+        torch.set_num_threads(max(1, cpu_threads() // state.num_processes))  # share the cores
+    scorer = LabelScorer(tokenizer, labels)
+    prepared = prepare_prompts(tokenizer, frame[args.text_column].tolist(), labels, examples,
+                               context_length(model, tokenizer), args.truncate, source=str(args.input))
+    if prepared.truncated_rows and state.is_main_process:
+        print(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
+              f"rows {prepared.truncated_rows[:10]}", file=sys.stderr)
+    prefix = None if args.no_prefix_cache else PrefixCache.for_prompts(model, tokenizer, labels=labels, examples=examples)
+    with state.split_between_processes(list(range(len(frame)))) as mine:
+        scores = score_rows(model, tokenizer, scorer, [prepared.prompts[i] for i in mine], prefix, strategy,
+                            args.batch_size, args.token_budget, progress=state.is_main_process and not args.quiet)
+        shard = [(i, row.tolist()) for i, row in zip(mine, scores)]
+    gathered = gather_object(shard)
+    if state.is_main_process:
+        indices = [i for i, _ in gathered]
+        if sorted(indices) != list(range(len(frame))):
+            raise RuntimeError(f"gathered {len(indices)} results for {len(frame)} rows: some rows are missing or doubled")
+        log_scores = torch.zeros((len(frame), len(labels)))
+        for i, row in gathered:
+            log_scores[i] = torch.tensor(row)
+        if args.verify:
+            checked = verify_sample(model, tokenizer, scorer, prepared.prompts, log_scores, args.verify)
+            print(f"verified {len(checked)} random rows against the one-at-a-time reference: all agree", file=sys.stderr)
+        result = result_frame(frame, labels, log_scores)
+        write_table(result, output)
+        seconds = time.perf_counter() - start
+        print(f"{len(result)} rows -> {output} · {len(result) / seconds:.2f} items/s overall · {info.name} · "
+              f"{info.dtype} · {state.device} · {state.num_processes} process(es)", file=sys.stderr)
+    state.wait_for_everyone()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     add_bench_parser(commands)
+    add_classify_parser(commands)
     args = parser.parse_args(argv)
     try:
-        return {"bench": run_bench}[args.command](args)
-    except (ValueError, RuntimeError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        return {"bench": run_bench, "classify": run_classify}[args.command](args)
+    except (ValueError, RuntimeError, OSError) as error:
+        print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 2
 
 
