@@ -85,6 +85,8 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
             rows = rows.sort_values("batch_size")
             ax.plot(rows["batch_size"], rows["items_per_s"], marker="o", color=color, ls=style, label=label)
     ax.set_xscale("log", base=2)
+    sizes = sorted(frame["batch_size"].dropna().unique())
+    ax.set_xticks(sizes, [str(int(size)) for size in sizes])
     ax.set_xlabel("batch size (rows; token budget: rows x median length)")
     ax.set_ylabel("throughput (tickets / s)")
     ax.set_title("Throughput against batch size")
