@@ -2,7 +2,8 @@
 
 One module per idea, in the order the notebooks introduce them:
 ``environment`` and ``models`` (00), ``data`` (00), ``scoring`` (01), ``prefix_cache`` (02),
-``batching`` (03).
+``batching`` (03), ``bench`` and ``plots`` (04), and ``classify`` for your own files.
+Command line: ``python -m helpers bench`` and ``python -m helpers classify``.
 """
 
 __version__ = "0.1.0"

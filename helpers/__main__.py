@@ -23,7 +23,7 @@ def add_bench_parser(commands) -> None:
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
     bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
-    bench.add_argument("--n", type=int, default=32, help="tickets (default 32; the reference uses 600)")
+    bench.add_argument("--n", type=int, default=24, help="tickets (default 24; the reference uses 600)")
     bench.add_argument("--style", default="article", choices=["article", "varied"])
     bench.add_argument("--shots", type=int, default=6, help="few-shot examples in the prompt (default 6)")
     bench.add_argument("--strategies", type=_csv_list(str), default=list(DEFAULT_STRATEGIES),

@@ -143,7 +143,7 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
 
 def run_benchmark(
     model_name: str | None = None,
-    n: int = 32,
+    n: int = 24,
     style: str = "article",
     shots: int = 6,
     strategies: Sequence[str] = DEFAULT_STRATEGIES,

@@ -8,7 +8,6 @@ stops with one line naming the file, row and column; nothing is silently dropped
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,9 +136,12 @@ def prepare_prompts(
         if len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens:
             too_long.append(row)
             if truncate:
-                # Keep the head: the start of a ticket usually says what it is about.
-                head = tokenizer(text, add_special_tokens=False)["input_ids"][: budget - 2]
-                prompt = build_prompt(tokenizer, tokenizer.decode(head), labels, examples)
+                # Keep the head: the start of a ticket usually says what it is about. Decoding and
+                # re-encoding can shift a token or two, so shrink until the prompt really fits.
+                ids, keep = tokenizer(text, add_special_tokens=False)["input_ids"], budget
+                while len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens and keep > 0:
+                    prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
+                    keep -= 8
         prompts.append(prompt)
     if too_long and not truncate:
         raise InputError(
@@ -150,8 +152,9 @@ def prepare_prompts(
 
 
 def context_length(model, tokenizer) -> int:
-    limit = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
-    return int(min(limit, tokenizer.model_max_length)) if tokenizer.model_max_length < 1e9 else int(limit)
+    """The model's context in tokens (tokenizers report a huge sentinel when they do not know)."""
+    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+    return int(min(limit for limit in limits if limit and limit < 1e9))
 
 
 def score_rows(
@@ -193,8 +196,3 @@ def result_frame(frame: pd.DataFrame, labels: Sequence[str], log_scores: torch.T
     assert len(out) == len(frame), "every input row must come out exactly once"
     return out
 
-
-def timed(function, *args, **kwargs):
-    start = time.perf_counter()
-    value = function(*args, **kwargs)
-    return value, time.perf_counter() - start

@@ -22,6 +22,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from .data import encode_prompt
+
 METHODS = ("auto", "first_token", "sequence")
 
 
@@ -213,8 +215,6 @@ def score_one_by_one(
     desc: str = "one at a time",
 ) -> LabelScores:
     """The reference: one forward per ticket, no padding, no cache reuse."""
-    from .data import encode_prompt
-
     start = time.perf_counter()
     scores = [
         label_log_probs(model, scorer, [encode_prompt(tokenizer, prompt)], tokenizer.pad_token_id)
@@ -232,8 +232,6 @@ def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> 
 
     Returns (n_labels,) summed label log-probs (length-normalised if the scorer is).
     """
-    from .data import encode_prompt
-
     prompt_ids = encode_prompt(tokenizer, prompt)
     scores = []
     for ids in scorer.token_ids:
@@ -259,8 +257,6 @@ def parse_label(text: str, labels: Sequence[str]) -> str | None:
 @torch.inference_mode()
 def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> str:
     """Greedy free-form answer: the baseline that constrained scoring replaces."""
-    from .data import encode_prompt
-
     ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
     out = model.generate(
         input_ids=ids,
