@@ -141,6 +141,17 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
             "padding_fraction": 0.0, "unparseable": float(np.mean([p is None for p in parsed]))}
 
 
+def _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference) -> dict:
+    """Warm-up on one batch of the longest items (first calls allocate and pick kernels), then the
+    median of ``repeats`` timed runs, and the last run's agreement with the reference."""
+    longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])[: min(options["batch_size"], 8)]
+    score_batched(model, tokenizer, scorer, [prompts[i] for i in longest], **options)
+    runs = [score_batched(model, tokenizer, scorer, prompts, **options) for _ in range(repeats)]
+    seconds = statistics.median(run.info["seconds"] for run in runs)
+    return {"items_per_s": len(prompts) / seconds, **agreement(reference, runs[-1]),
+            "padding_fraction": runs[-1].info["padding_fraction"], "unparseable": 0.0}
+
+
 def run_benchmark(
     model_name: str | None = None,
     n: int = 24,
@@ -183,31 +194,23 @@ def run_benchmark(
         plan = [(name, 1) for name in strategies if name in ("loop", "loop_prefix", "generate")]
         plan += [(name, b) for name in strategies if name not in ("loop", "loop_prefix", "generate") for b in batch_sizes]
         for name, batch_size in tqdm(plan, desc=f"benchmark {dtype}", disable=not progress):
+            budget = None
             if name == "generate":
                 if dtype != "float32":
                     continue
                 with peak_memory(model.device) as memory:
                     measured = _time_generate(model, tokenizer, prompts, reference)
-                seconds_per_run, padding, budget, useful_tokens = len(prompts) / measured["items_per_s"], 0.0, None, None
+                useful = np.nan  # generated tokens are not ticket tokens: no roof fraction for this row
             else:
                 strategy, uses_prefix = STRATEGIES[name]
-                budget = int(batch_size * np.median(lengths)) if strategy == "token_budget" else None
+                if strategy == "token_budget":
+                    budget = int(batch_size * np.median(lengths))
                 options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget,
                                prefix=prefix if uses_prefix else None, progress=False)
-                # Warm-up on one batch of the longest items: first calls allocate memory and pick kernels.
-                longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])[: min(batch_size, 8)]
-                score_batched(model, tokenizer, scorer, [prompts[i] for i in longest], **options)
-                timings = []
                 with peak_memory(model.device) as memory:
-                    for _ in range(repeats):
-                        result = score_batched(model, tokenizer, scorer, prompts, **options)
-                        timings.append(result.info["seconds"])
-                seconds_per_run = statistics.median(timings)
-                stats = agreement(reference, result)
-                measured = {"items_per_s": len(prompts) / seconds_per_run, **stats,
-                            "padding_fraction": result.info["padding_fraction"], "unparseable": 0.0}
+                    measured = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference)
                 useful_tokens = sum(lengths) - prefix.length * len(prompts)
-            useful = 2 * useful_params * useful_tokens / seconds_per_run if useful_tokens else np.nan
+                useful = 2 * useful_params * useful_tokens * measured["items_per_s"] / len(prompts)
             rows.append({
                 "strategy": name,
                 "batch_size": batch_size,
