@@ -141,15 +141,17 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
             "padding_fraction": 0.0, "unparseable": float(np.mean([p is None for p in parsed]))}
 
 
-def _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference) -> dict:
+def _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference=None):
     """Warm-up on one batch of the longest items (first calls allocate and pick kernels), then the
-    median of ``repeats`` timed runs, and the last run's agreement with the reference."""
+    median of ``repeats`` timed runs. Returns the measurements (agreement of the last run with
+    ``reference``, or with itself when this run is the reference) and the last run's scores."""
     longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])[: min(options["batch_size"], 8)]
     score_batched(model, tokenizer, scorer, [prompts[i] for i in longest], **options)
     runs = [score_batched(model, tokenizer, scorer, prompts, **options) for _ in range(repeats)]
     seconds = statistics.median(run.info["seconds"] for run in runs)
-    return {"items_per_s": len(prompts) / seconds, **agreement(reference, runs[-1]),
-            "padding_fraction": runs[-1].info["padding_fraction"], "unparseable": 0.0}
+    measured = {"items_per_s": len(prompts) / seconds, **agreement(reference or runs[-1], runs[-1]),
+                "padding_fraction": runs[-1].info["padding_fraction"], "unparseable": 0.0}
+    return measured, runs[-1]
 
 
 def run_benchmark(
@@ -185,10 +187,13 @@ def run_benchmark(
         scorer = LabelScorer(tokenizer, LABELS)
         prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
         lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
-        useful_params = non_embedding_parameters(model)
+        # Useful work: the tickets' own tokens through the non-embedding weights (not padding, not the prefix).
+        useful_flops = 2 * non_embedding_parameters(model) * (sum(lengths) - prefix.length * len(prompts))
         roof = matmul_roof(model, model.dtype)
-        if reference is None:  # the float32 loop, computed once
-            reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=progress)
+        options = dict(strategy="loop", batch_size=1, token_budget=None, prefix=None, progress=False)
+        if reference is None:  # the float32 loop: the reference, and the "loop" row's timing
+            with peak_memory(model.device) as loop_memory:
+                loop_measured, reference = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats)
         if dtype not in dtypes:
             continue
         plan = [(name, 1) for name in strategies if name in ("loop", "loop_prefix", "generate")]
@@ -200,7 +205,8 @@ def run_benchmark(
                     continue
                 with peak_memory(model.device) as memory:
                     measured = _time_generate(model, tokenizer, prompts, reference)
-                useful = np.nan  # generated tokens are not ticket tokens: no roof fraction for this row
+            elif name == "loop" and dtype == "float32":
+                measured, memory = loop_measured, loop_memory
             else:
                 strategy, uses_prefix = STRATEGIES[name]
                 if strategy == "token_budget":
@@ -208,9 +214,9 @@ def run_benchmark(
                 options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget,
                                prefix=prefix if uses_prefix else None, progress=False)
                 with peak_memory(model.device) as memory:
-                    measured = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference)
-                useful_tokens = sum(lengths) - prefix.length * len(prompts)
-                useful = 2 * useful_params * useful_tokens * measured["items_per_s"] / len(prompts)
+                    measured, _ = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference)
+            # Generated tokens are not ticket tokens: no roof fraction for the generate row.
+            useful = np.nan if name == "generate" else useful_flops * measured["items_per_s"] / len(prompts)
             rows.append({
                 "strategy": name,
                 "batch_size": batch_size,
@@ -236,9 +242,7 @@ def run_benchmark(
             })
         del model
     frame = pd.DataFrame(rows)
-    loop = frame.query("strategy == 'loop' and dtype == 'float32'")
-    if len(loop):
-        frame["speedup_vs_loop"] = frame["items_per_s"] / loop["items_per_s"].iloc[0]
+    frame["speedup_vs_loop"] = frame["items_per_s"] / loop_measured["items_per_s"]
     return frame
 
 

@@ -23,6 +23,8 @@ def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
     assert set(tiny_bench["dtype"]) == {"float32", "bfloat16"}
     assert (tiny_bench["items_per_s"] > 0).all() and (tiny_bench["roof_gflops"] > 0).all()
     assert tiny_bench["timing_only"].all(), "a twin's rows must say they are timing only"
+    loop = tiny_bench.query("strategy == 'loop' and dtype == 'float32'")
+    assert loop["speedup_vs_loop"].tolist() == [1.0], "speedups are relative to the float32 loop"
 
 
 def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
