@@ -50,6 +50,7 @@ def run_bench(args) -> int:
     first = frame.iloc[0]
     print(f"{first.model} · {first.device} · {first.threads} threads · n={first.n} · {first.shots} shots "
           f"(prefix {first.prefix_tokens} tokens)" + (" · random weights: timing only" if first.timing_only else ""))
+    print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s")
     print(frame[[c for c in columns if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.json_path:
         with open(args.json_path, "w") as handle:
