@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 
 def _csv_list(kind):
@@ -19,7 +18,13 @@ def _csv_list(kind):
 
 
 def add_bench_parser(commands) -> None:
-    from .bench import DEFAULT_BATCH_SIZES, DEFAULT_DTYPES, DEFAULT_STRATEGIES, EXTRA_STRATEGIES, STRATEGIES
+    from .bench import (
+        DEFAULT_BATCH_SIZES,
+        DEFAULT_DTYPES,
+        DEFAULT_STRATEGIES,
+        EXTRA_STRATEGIES,
+        STRATEGIES,
+    )
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
     bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
@@ -68,7 +73,8 @@ def add_classify_parser(commands) -> None:
     classify.add_argument("--text-column", default="text", help="the column holding the texts (default: text)")
     classify.add_argument("--model", default=None, help="hub id, local path or 'embedded' (default: as load_model)")
     classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
-    classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"])
+    classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"],
+                          help="batching: sorted (default), loop, arbitrary or token_budget")
     classify.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
     classify.add_argument("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
     classify.add_argument("--no-prefix-cache", action="store_true", help="run every prompt in full")
@@ -81,59 +87,14 @@ def add_classify_parser(commands) -> None:
 
 
 def run_classify(args) -> int:
-    import torch
-    from accelerate import PartialState
-    from accelerate.utils import gather_object
+    from .classify import classify_file
 
-    from .classify import (
-        InputError, check_output_path, context_length, parse_labels, prepare_prompts, read_examples, read_table,
-        result_frame, score_rows, verify_sample, write_table,
+    classify_file(
+        args.input, args.labels, args.output, text_column=args.text_column, model_name=args.model, dtype=args.dtype,
+        strategy=args.strategy, batch_size=args.batch_size, token_budget=args.token_budget,
+        prefix_cache=not args.no_prefix_cache, examples_path=args.examples, verify=args.verify,
+        truncate=args.truncate, overwrite=args.overwrite, progress=not args.quiet,
     )
-    from .models import cpu_threads, load_model
-    from .prefix_cache import PrefixCache
-    from .scoring import LabelScorer
-
-    start = time.perf_counter()
-    # One process per GPU under torchrun / accelerate launch; CPU processes talk over gloo.
-    state = PartialState(cpu=not torch.cuda.is_available())
-    labels = parse_labels(args.labels)
-    output = check_output_path(args.output, args.overwrite)
-    frame = read_table(args.input, args.text_column)
-    examples = read_examples(args.examples, labels) if args.examples else []
-    if args.batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
-    strategy = "token_budget" if args.token_budget else args.strategy
-    model, tokenizer, info = load_model(args.model, dtype=args.dtype, device=state.device, verbose=state.is_main_process)
-    if state.num_processes > 1 and state.device.type == "cpu":
-        torch.set_num_threads(max(1, cpu_threads() // state.num_processes))  # share the cores
-    scorer = LabelScorer(tokenizer, labels)
-    prepared = prepare_prompts(tokenizer, frame[args.text_column].tolist(), labels, examples,
-                               context_length(model, tokenizer), args.truncate, source=str(args.input))
-    if prepared.truncated_rows and state.is_main_process:
-        print(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
-              f"rows {prepared.truncated_rows[:10]}", file=sys.stderr)
-    prefix = None if args.no_prefix_cache else PrefixCache.for_prompts(model, tokenizer, labels=labels, examples=examples)
-    with state.split_between_processes(list(range(len(frame)))) as mine:
-        scores = score_rows(model, tokenizer, scorer, [prepared.prompts[i] for i in mine], prefix, strategy,
-                            args.batch_size, args.token_budget, progress=state.is_main_process and not args.quiet)
-        shard = [(i, row.tolist()) for i, row in zip(mine, scores)]
-    gathered = gather_object(shard)
-    if state.is_main_process:
-        indices = [i for i, _ in gathered]
-        if sorted(indices) != list(range(len(frame))):
-            raise RuntimeError(f"gathered {len(indices)} results for {len(frame)} rows: some rows are missing or doubled")
-        log_scores = torch.zeros((len(frame), len(labels)))
-        for i, row in gathered:
-            log_scores[i] = torch.tensor(row)
-        if args.verify:
-            checked = verify_sample(model, tokenizer, scorer, prepared.prompts, log_scores, args.verify)
-            print(f"verified {len(checked)} random rows against the one-at-a-time reference: all agree", file=sys.stderr)
-        result = result_frame(frame, labels, log_scores)
-        write_table(result, output)
-        seconds = time.perf_counter() - start
-        print(f"{len(result)} rows -> {output} · {len(result) / seconds:.2f} items/s overall · {info.name} · "
-              f"{info.dtype} · {state.device} · {state.num_processes} process(es)", file=sys.stderr)
-    state.wait_for_everyone()
     return 0
 
 
@@ -147,7 +108,22 @@ def main(argv: list[str] | None = None) -> int:
         return {"bench": run_bench, "classify": run_classify}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+        _settle_processes(error)
         return 2
+
+
+def _settle_processes(error: BaseException) -> None:
+    """After a failure every process of a data-parallel run knows of, wait until all have said it.
+
+    Otherwise the launcher, seeing the first process exit, could stop the others before they print.
+    """
+    from .classify import ProcessFailure
+
+    if isinstance(error, ProcessFailure):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import encode_prompt
+from .prefix_cache import UncleanSplitError
 from .scoring import LabelScorer, LabelScores, label_log_probs
 
 STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
@@ -45,13 +46,16 @@ def plan_batches(
     strategy: str = "sorted",
     batch_size: int = 16,
     token_budget: int | None = None,
+    tokens_per_row: int = 0,
 ) -> list[list[int]]:
     """Indices of the items in each batch, in the order the batches run.
 
     ``loop``: one item per batch, input order. ``arbitrary``: ``batch_size`` items per batch, input
     order. ``sorted``: longest first (an out-of-memory error shows up in the first batch, not the last),
-    ``batch_size`` per batch. ``token_budget``: longest first, as many rows as keep rows x longest row
-    within ``token_budget``; a single item over the budget runs alone.
+    ``batch_size`` per batch. ``token_budget``: longest first, as many rows as keep
+    rows x (``tokens_per_row`` + longest row) within ``token_budget``; a single item over the budget
+    runs alone. ``tokens_per_row`` is what every row holds besides its own tokens: with the prefix
+    cache, the prefix's keys and values, expanded to every row of the batch.
     """
     n = len(lengths)
     if n == 0:
@@ -63,6 +67,8 @@ def plan_batches(
     if strategy == "token_budget":
         if token_budget is None or token_budget < 1:
             raise ValueError(f"strategy 'token_budget' needs token_budget >= 1, got {token_budget}")
+        if tokens_per_row < 0:
+            raise ValueError(f"tokens_per_row must be >= 0, got {tokens_per_row}")
     elif batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if strategy == "arbitrary":
@@ -74,7 +80,7 @@ def plan_batches(
     current: list[int] = []
     for index in order:
         # Longest first, so the batch's first row sets its padded width.
-        width = lengths[current[0]] if current else lengths[index]
+        width = tokens_per_row + (lengths[current[0]] if current else lengths[index])
         if current and (len(current) + 1) * width > token_budget:
             batches.append(current)
             current = []
@@ -104,29 +110,52 @@ def score_batched(
     token_budget: int | None = None,
     prefix=None,
     progress: bool = True,
+    unclean: str = "full",
 ) -> LabelScores:
     """Label scores for every prompt, in input order, plus timing and padding accounting in ``.info``.
 
     With ``prefix`` (a ``PrefixCache``) only each prompt's tokens after the prefix are run; the
-    prefix is shared by every row of every batch.
+    prefix is shared by every row of every batch, and a token budget counts it in every row. A prompt
+    whose split is not token-clean runs with its full prompt instead (``unclean="full"``, the default;
+    ``.info["full_prompt_items"]`` lists them) or stops the run (``unclean="raise"``). A prompt that does
+    not start with the prefix at all always stops it: the cache was built for other prompts.
     """
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
+    if unclean not in ("full", "raise"):
+        raise ValueError(f"unclean must be 'full' or 'raise', got {unclean!r}")
     start = time.perf_counter()
-    if prefix is not None:
-        rows = [prefix.split(prompt, i) for i, prompt in enumerate(prompts)]
-    else:
-        rows = [encode_prompt(tokenizer, prompt) for prompt in prompts]
-    lengths = [len(row) for row in rows]
-    batches = plan_batches(lengths, strategy, batch_size, token_budget)
-    scores = torch.full((len(rows), len(scorer.labels)), float("nan"))
-    with tqdm(total=len(rows), desc=strategy, disable=not progress, leave=False) as bar:
-        for batch in batches:
-            # Scores go back to their input slots: batches run in sorted order.
-            scores[batch] = label_log_probs(
-                model, scorer, [rows[i] for i in batch], tokenizer.pad_token_id, prefix=prefix
-            )
-            bar.update(len(batch))
+    cached: dict[int, list[int]] = {}  # item -> its tokens after the prefix
+    full: dict[int, list[int]] = {}  # item -> its whole prompt's tokens
+    for i, prompt in enumerate(prompts):
+        if prefix is None:
+            full[i] = encode_prompt(tokenizer, prompt)
+            continue
+        try:
+            cached[i] = prefix.split(prompt, i)
+        except UncleanSplitError:
+            if unclean == "raise":
+                raise
+            full[i] = encode_prompt(tokenizer, prompt)
+    # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
+    groups = [(items, rows, group_prefix) for items, rows, group_prefix in (
+        (list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)) if items]
+    scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
+    real = processed = n_batches = 0
+    with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
+        for items, rows, group_prefix in groups:
+            lengths = [len(row) for row in rows]
+            overhead = group_prefix.length if group_prefix is not None else 0
+            batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=overhead)
+            for batch in batches:
+                # Scores go back to their input slots: batches run in sorted order.
+                scores[[items[j] for j in batch]] = label_log_probs(
+                    model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, prefix=group_prefix
+                )
+                bar.update(len(batch))
+            report = padding_report(lengths, batches)
+            real, processed = real + report.real_tokens, processed + report.processed_tokens
+            n_batches += report.n_batches
     seconds = time.perf_counter() - start
     if torch.isnan(scores).any():
         bad = torch.isnan(scores).any(-1).nonzero().flatten().tolist()
@@ -136,9 +165,10 @@ def score_batched(
         "batch_size": 1 if strategy == "loop" else (None if strategy == "token_budget" else batch_size),
         "token_budget": token_budget if strategy == "token_budget" else None,
         "prefix_tokens": prefix.length if prefix is not None else 0,
-        "n": len(rows),
+        "full_prompt_items": sorted(full) if prefix is not None else [],
+        "n": len(prompts),
         "seconds": seconds,
-        "items_per_s": len(rows) / seconds,
-        **padding_report(lengths, batches).as_dict(),
+        "items_per_s": len(prompts) / seconds,
+        **PaddingReport(real, processed, n_batches).as_dict(),
     }
     return LabelScores(scorer.labels, scores, info)

@@ -1,32 +1,62 @@
-"""Classify your own CSV or JSONL file: ``python -m helpers classify`` (real use, after notebooks 01-03).
+"""Classify your own CSV or JSONL file: ``classify_file`` and ``python -m helpers classify`` (real use, after 01-03).
 
 Every input row comes out once, in input order, with ``predicted_label``, ``confidence`` and one ``p_<label>``
-column per label, computed on the fastest verified path (prefix cache + length-sorted batches). Bad input
-stops with one line naming the file, row and column; nothing is silently dropped. Under ``torchrun`` or
-``accelerate launch`` each process scores a share and rank 0 writes the whole output.
+column per label, computed on the fastest verified path (prefix cache + length-sorted batches). Everything
+that can be checked without the model is checked before it loads; bad input stops with one line naming the
+file, row and column; nothing is silently dropped, and the output appears whole or not at all. Under
+``torchrun`` or ``accelerate launch`` each process scores a share and rank 0 writes the whole output; a
+failure on any process stops every process with that failure's message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .batching import score_batched
+from .batching import STRATEGIES, score_batched
 from .data import build_prompt, encode_prompt
 from .prefix_cache import PrefixCache
-from .scoring import LabelScorer, LabelScores, assert_agrees, score_one_by_one
+from .scoring import (
+    FLOAT32_ATOL,
+    LabelScorer,
+    LabelScores,
+    assert_agrees,
+    check_labels,
+    score_one_by_one,
+)
 
 CSV_SUFFIXES = {".csv"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+# Low-precision runs are compared with this tolerance, and label flips within it count as near-ties.
+LOW_PRECISION_ATOL = 5e-2
+# A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
+COLLAPSE_SHARE = 0.9
+COLLAPSE_MIN_ROWS = 10
 
 
 class InputError(ValueError):
     """Bad input: the message is one line naming the file, row or column."""
+
+
+class ProcessFailure(RuntimeError):
+    """A failure every process of a data-parallel run has learned of; each stops with its message."""
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _rows_text(rows: Sequence[int], limit: int = 5) -> str:
@@ -34,79 +64,202 @@ def _rows_text(rows: Sequence[int], limit: int = 5) -> str:
     return f"row {shown}" if len(rows) == 1 else f"rows {shown}{', ...' if len(rows) > limit else ''} ({len(rows)} in all)"
 
 
-def read_table(path: str | Path, text_column: str = "text") -> pd.DataFrame:
+# --- reading ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """Input rows exactly as read: CSV values as text, JSONL values as the JSON had them (no dates parsed)."""
+
+    path: Path
+    columns: list[str]
+    records: list[dict[str, Any]]
+    text_column: str
+
+    @property
+    def texts(self) -> list[str]:
+        return [record[self.text_column] for record in self.records]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    # Every column as text: ids like 007 or phone numbers must come back unchanged.
+    # skip_blank_lines=False: a blank line is an empty ticket to report, not a row to drop silently.
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8",
+                        skip_blank_lines=False)
+    return [str(c) for c in frame.columns], frame.to_dict("records")
+
+
+def _read_jsonl(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    # json, not pandas: pandas turns columns named like dates (created_at, timestamp) into dates, and
+    # integers with gaps into floats. Here every value comes back as written.
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()  # trailing blank lines are the end of the file, not rows
+    if not lines:
+        raise InputError(f"{path}: the file is empty")
+    columns: dict[str, None] = {}
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise InputError(f"{path}: line {number} is blank: every line must be one JSON object")
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}: line {number} is not valid JSON ({error.msg}, column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: line {number} is a JSON {type(record).__name__}, not an object")
+        columns.update(dict.fromkeys(record))
+        records.append(record)
+    return list(columns), records
+
+
+def read_table(path: str | Path, text_column: str = "text") -> Table:
     """Read a CSV or JSONL file and check its text column. Row numbers in errors count data rows from 1."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     suffix = path.suffix.lower()
+    if suffix not in CSV_SUFFIXES | JSONL_SUFFIXES:
+        raise InputError(f"{path}: unsupported format {suffix or '(no extension)'!r}: use .csv or .jsonl")
     try:
-        if suffix in CSV_SUFFIXES:
-            # Every column as text: ids like 007 or phone numbers must come back unchanged.
-            # skip_blank_lines=False: a blank line is an empty ticket to report, not a row to drop silently.
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8",
-                                skip_blank_lines=False)
-        elif suffix in JSONL_SUFFIXES:
-            frame = pd.read_json(path, lines=True, dtype=False, encoding="utf-8")
-        else:
-            raise InputError(f"{path}: unsupported format {suffix or '(no extension)'!r}: use .csv or .jsonl")
+        columns, records = (_read_csv if suffix in CSV_SUFFIXES else _read_jsonl)(path)
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text (byte {error.start}): save the file as UTF-8") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the file is empty") from None
+    except PermissionError:
+        raise InputError(f"{path}: not readable (permission denied)") from None
     except (pd.errors.ParserError, ValueError) as error:
         if isinstance(error, InputError):
             raise
-        raise InputError(f"{path}: cannot be parsed: {str(error).strip().splitlines()[0]}") from None
-    if text_column not in frame.columns:
-        columns = ", ".join(map(str, frame.columns)) or "none"
-        raise InputError(f"{path}: no column {text_column!r} (columns: {columns}); choose one with --text-column")
-    if frame.empty:
+        raise InputError(f"{path}: cannot be parsed: {_one_line(error)}") from None
+    if text_column not in columns:
+        raise InputError(f"{path}: no column {text_column!r} (columns: {', '.join(columns) or 'none'}); "
+                         "choose one with --text-column")
+    if not records:
         raise InputError(f"{path}: no rows")
-    texts = frame[text_column]
-    empty = [i + 1 for i, value in enumerate(texts) if not isinstance(value, str) or not value.strip()]
+    empty = [i for i, record in enumerate(records, start=1)
+             if not isinstance(record.get(text_column), str) or not record[text_column].strip()]
     if empty:
         raise InputError(f"{path}: {_rows_text(empty)}: column {text_column!r} is empty, blank or not text")
-    return frame
+    return Table(path, columns, records, text_column)
 
 
 def read_examples(path: str | Path, labels: Sequence[str]) -> list[tuple[str, str]]:
     """Few-shot examples from a CSV/JSONL file with ``text`` and ``label`` columns."""
-    frame = read_table(path, "text")
-    if "label" not in frame.columns:
+    table = read_table(path, "text")
+    if "label" not in table.columns:
         raise InputError(f"{path}: few-shot examples need a 'label' column")
-    unknown = [i + 1 for i, label in enumerate(frame["label"]) if label not in labels]
+    unknown = [i for i, record in enumerate(table.records, start=1) if record.get("label") not in labels]
     if unknown:
         raise InputError(f"{path}: {_rows_text(unknown)}: label is not one of {', '.join(labels)}")
-    return list(zip(frame["text"], frame["label"]))
+    return [(record["text"], record["label"]) for record in table.records]
 
 
-def parse_labels(text: str) -> list[str]:
-    """``"billing,technical,account"`` -> list; the scorer validates emptiness and duplicates."""
-    labels = [part.strip() for part in text.split(",")]
-    if not any(labels):
-        raise InputError("the label list is empty: pass --labels a,b,c")
-    if any(not label for label in labels):
-        raise InputError(f"the label list {text!r} has an empty entry")
-    return labels
+def parse_labels(labels: str | Sequence[str]) -> list[str]:
+    """``"billing,technical,account"`` (or a list) -> a checked list of labels."""
+    if isinstance(labels, str):
+        text = labels
+        labels = [part.strip() for part in text.split(",")]
+        if not any(labels):
+            raise InputError("the label list is empty: pass --labels a,b,c")
+        if any(not label for label in labels):
+            raise InputError(f"the label list {text!r} has an empty entry")
+    try:
+        return check_labels(labels)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
-def check_output_path(path: str | Path, overwrite: bool) -> Path:
+def prediction_columns(labels: Sequence[str]) -> list[str]:
+    return ["predicted_label", "confidence", *(f"p_{label}" for label in labels)]
+
+
+def check_columns(table: Table, labels: Sequence[str]) -> None:
+    """The output adds the prediction columns: none may already be in the input."""
+    clash = [c for c in prediction_columns(labels) if c in table.columns]
+    if clash:
+        raise InputError(f"{table.path}: already has column(s) {', '.join(map(repr, clash))}, which the output "
+                         "adds: rename them first")
+
+
+def check_output_path(path: str | Path, overwrite: bool, source: str | Path | None = None) -> Path:
     path = Path(path)
     if path.suffix.lower() not in CSV_SUFFIXES | JSONL_SUFFIXES:
         raise InputError(f"{path}: unsupported output format {path.suffix!r}: use .csv or .jsonl")
+    if source is not None and path.exists() and path.resolve() == Path(source).resolve():
+        raise InputError(f"{path} is the input file: write the output elsewhere")
+    if path.is_dir():
+        raise InputError(f"{path} is a folder: give a file name")
     if path.exists() and not overwrite:
         raise InputError(f"{path} already exists: pass --overwrite to replace it")
-    if not path.parent.exists():
-        raise InputError(f"{path}: the folder {path.parent} does not exist")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{path}: the folder {parent} is not writable")
     return path
 
 
-def write_table(frame: pd.DataFrame, path: Path) -> None:
+# --- writing ------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
+    """Write through a temporary file in the same folder, then rename it over ``path``.
+
+    A run stopped midway (an error, Ctrl-C) leaves no partial output, and an existing file untouched:
+    the rename is the only step that touches ``path``, and it is atomic on one file system.
+    """
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", dir=path.parent,
+                                         prefix=f".{path.name}.", suffix=".part", delete=False)
+    try:
+        with handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(handle.name, 0o666 & ~umask)  # a temporary file is private (0600); outputs are not
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def _csv_cell(value: Any) -> Any:
+    """A JSON value as CSV text: strings as they are, null empty, the rest as JSON (true, 3.5, [1, 2])."""
+    if value is None or isinstance(value, str):
+        return "" if value is None else value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def write_records(records: Sequence[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
+    """Write rows (every input column, then the prediction columns) as CSV or JSONL, atomically."""
     if path.suffix.lower() in CSV_SUFFIXES:
-        frame.to_csv(path, index=False)
+        frame = pd.DataFrame([[_csv_cell(r.get(c)) for c in columns] for r in records], columns=list(columns),
+                             dtype=object)
+        atomic_write(path, lambda handle: frame.to_csv(handle, index=False))
     else:
-        frame.to_json(path, orient="records", lines=True, force_ascii=False)
+        # A JSONL record keeps its own keys: a key missing from an input line stays missing.
+        atomic_write(path, lambda handle: handle.writelines(
+            json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+
+
+def result_records(table: Table, scores: LabelScores) -> list[dict[str, Any]]:
+    """The input rows, in input order, each followed by its prediction columns."""
+    probabilities = scores.probabilities.numpy()
+    rows = []
+    for record, label, p in zip(table.records, scores.predictions, probabilities):
+        rows.append({**record, "predicted_label": label, "confidence": round(float(p.max()), 8),
+                     **{f"p_{name}": round(float(value), 8) for name, value in zip(scores.labels, p)}})
+    assert len(rows) == len(table), "every input row must come out exactly once"
+    return rows
+
+
+# --- prompts and checks -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -157,42 +310,206 @@ def context_length(model, tokenizer) -> int:
     return int(min(limit for limit in limits if limit and limit < 1e9))
 
 
-def score_rows(
-    model,
-    tokenizer,
-    scorer: LabelScorer,
-    prompts: Sequence[str],
-    prefix: PrefixCache | None,
-    strategy: str,
-    batch_size: int,
-    token_budget: int | None,
-    progress: bool,
-) -> torch.Tensor:
-    if not prompts:
-        return torch.empty((0, len(scorer.labels)))
-    result = score_batched(model, tokenizer, scorer, prompts, strategy, batch_size, token_budget, prefix, progress)
-    return result.log_scores
+def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0) -> dict:
+    """Re-run ``k`` random rows through the one-at-a-time reference; raise on any disagreement.
 
-
-def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0) -> list[int]:
-    """Re-run ``k`` random rows through the one-at-a-time reference; raise on any disagreement."""
+    float32: identical labels, log-probs within ``FLOAT32_ATOL``. Other dtypes: log-probs within
+    ``LOW_PRECISION_ATOL``, and a label flip where the reference's top two labels are closer than that is
+    a near-tie, counted as agreement (rounding may order them either way).
+    """
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
     candidate = LabelScores(scorer.labels, log_scores[rows])
+    exact = model.dtype == torch.float32
+    atol = FLOAT32_ATOL if exact else LOW_PRECISION_ATOL
     try:
-        assert_agrees(reference, candidate, atol=1e-3 if model.dtype == torch.float32 else 5e-2)
+        stats = assert_agrees(reference, candidate, atol=atol, near_ties=not exact)
     except AssertionError as error:
         raise RuntimeError(f"verification failed on sampled rows {[r + 1 for r in rows]}: {error}") from None
-    return rows
+    return {**stats, "rows": [r + 1 for r in rows], "atol": atol, "exact": exact}
 
 
-def result_frame(frame: pd.DataFrame, labels: Sequence[str], log_scores: torch.Tensor) -> pd.DataFrame:
-    """The input rows and columns, in input order, plus the prediction columns."""
-    scores = LabelScores(list(labels), log_scores).to_frame()
-    clash = [c for c in scores.columns if c in frame.columns]
-    if clash:
-        raise InputError(f"the input already has column(s) {', '.join(clash)}: rename them first")
-    out = pd.concat([frame.reset_index(drop=True), scores], axis=1)
-    assert len(out) == len(frame), "every input row must come out exactly once"
-    return out
+def collapse_warning(predictions: Sequence[str], labels: Sequence[str], share: float = COLLAPSE_SHARE,
+                     min_rows: int = COLLAPSE_MIN_ROWS) -> str | None:
+    """One line when predictions collapse onto one label (a zero-shot small model often does), else None."""
+    if len(predictions) < min_rows:
+        return None
+    counts = Counter(predictions)
+    label, top = counts.most_common(1)[0]
+    if top < share * len(predictions):
+        return None
+    distribution = ", ".join(f"{name} {counts[name]}" for name in labels)
+    return (f"warning: {top} of {len(predictions)} rows ({top / len(predictions):.0%}) got {label!r} "
+            f"({distribution}): the model may not be telling the labels apart; give it a few labelled "
+            "examples with --examples FILE (columns text, label)")
 
+
+# --- the whole run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClassifyResult:
+    """What a run did. ``output`` is None on processes other than the writer (rank 0)."""
+
+    output: Path | None
+    rows: int
+    seconds: float
+    model: str
+    dtype: str
+    device: str
+    processes: int
+    prefix_cache: bool
+    predictions: list[str] = field(default_factory=list)
+    full_prompt_rows: list[int] = field(default_factory=list)
+    truncated_rows: list[int] = field(default_factory=list)
+    verification: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.prefix_cache:
+            full = len(self.full_prompt_rows)
+            prefix = (" · prefix cache: every row token-clean" if not full else
+                      f" · prefix cache: {full} row(s) not token-clean at the prefix boundary ran in full "
+                      f"({_rows_text(self.full_prompt_rows)})")
+        else:
+            prefix = " · no prefix cache"
+        return (f"{self.rows} rows -> {self.output} · {self.rows / self.seconds:.2f} items/s overall · {self.model} · "
+                f"{self.dtype} · {self.device} · {self.processes} process(es){prefix}")
+
+
+def _step(state, work: Callable[[], Any]) -> Any:
+    """Run ``work`` on every process, then tell every process whether any failed.
+
+    Without this, a process that fails alone would leave the others waiting in the next collective.
+    Here each one stops with the first failure's message (the failing one with its own error).
+    """
+    from accelerate.utils import gather_object
+
+    try:
+        result, error = work(), None
+    except Exception as caught:  # reported to every process below, then raised
+        result, error = None, caught
+    if state.num_processes > 1:
+        reports = gather_object([(state.process_index, None if error is None else _one_line(error))])
+        failed = [(rank, message) for rank, message in reports if message is not None]
+        if failed:
+            rank, message = failed[0]
+            raise ProcessFailure(f"process {rank} of {state.num_processes}: {message}") from error
+    if error is not None:
+        raise error
+    return result
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def classify_file(
+    input_path: str | Path,
+    labels: str | Sequence[str],
+    output_path: str | Path,
+    *,
+    text_column: str = "text",
+    model_name: str | None = None,
+    dtype: str | None = None,
+    strategy: str = "sorted",
+    batch_size: int = 8,
+    token_budget: int | None = None,
+    prefix_cache: bool = True,
+    examples_path: str | Path | None = None,
+    verify: int = 0,
+    truncate: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    say: Callable[[str], None] = _say,
+) -> ClassifyResult:
+    """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``.
+
+    Order of work: every check that needs no model (labels, options, input, text column, output path,
+    column clashes, few-shot file), then the model, then scoring (this process's share of the rows), then,
+    on rank 0 only, verification and the atomic write. ``say`` receives the messages for a person
+    (stderr by default), from rank 0 only.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    from .models import cpu_threads, load_model
+
+    start = time.perf_counter()
+    # One process per GPU under torchrun / accelerate launch; CPU processes talk over gloo.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    main = state.is_main_process
+    tell = say if main else (lambda message: None)
+
+    def check():
+        checked_labels = parse_labels(labels)
+        if strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if batch_size < 1:
+            raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+        if token_budget is not None and token_budget < 1:
+            raise InputError(f"--token-budget must be >= 1, got {token_budget}")
+        if verify < 0:
+            raise InputError(f"--verify must be >= 0, got {verify}")
+        output = check_output_path(output_path, overwrite, source=input_path)
+        table = read_table(input_path, text_column)
+        check_columns(table, checked_labels)
+        examples = read_examples(examples_path, checked_labels) if examples_path else []
+        return checked_labels, output, table, examples
+
+    checked_labels, output, table, examples = _step(state, check)
+    run_strategy = "token_budget" if token_budget else strategy
+
+    def score_share():
+        model, tokenizer, info = load_model(model_name, dtype=dtype, device=state.device, verbose=main)
+        if state.num_processes > 1 and state.device.type == "cpu":
+            torch.set_num_threads(max(1, cpu_threads() // state.num_processes))  # share the cores
+        scorer = LabelScorer(tokenizer, checked_labels)
+        prepared = prepare_prompts(tokenizer, table.texts, checked_labels, examples,
+                                   context_length(model, tokenizer), truncate, source=str(table.path))
+        prefix = (PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
+                  if prefix_cache else None)
+        with state.split_between_processes(list(range(len(table)))) as mine:
+            mine = list(mine)
+        shard = []
+        if mine:
+            result = score_batched(model, tokenizer, scorer, [prepared.prompts[i] for i in mine], run_strategy,
+                                   batch_size, token_budget, prefix, progress=main and progress)
+            full = set(result.info["full_prompt_items"])
+            shard = [(i, row.tolist(), j in full) for j, (i, row) in enumerate(zip(mine, result.log_scores))]
+        return model, tokenizer, info, scorer, prepared, shard
+
+    model, tokenizer, info, scorer, prepared, shard = _step(state, score_share)
+    if prepared.truncated_rows:
+        tell(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
+             f"{_rows_text(prepared.truncated_rows, limit=10)}")
+    gathered = gather_object(shard) if state.num_processes > 1 else shard
+    outcome = ClassifyResult(None, len(table), 0.0, info.name, info.dtype, str(state.device), state.num_processes,
+                             prefix_cache, truncated_rows=prepared.truncated_rows)
+    if not main:
+        outcome.seconds = time.perf_counter() - start
+        return outcome
+    indices = [i for i, _, _ in gathered]
+    if sorted(indices) != list(range(len(table))):
+        raise RuntimeError(f"gathered {len(indices)} results for {len(table)} rows: some rows are missing or doubled")
+    log_scores = torch.zeros((len(table), len(checked_labels)))
+    for i, row, _ in gathered:
+        log_scores[i] = torch.tensor(row)
+    outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
+    if verify:
+        stats = verify_sample(model, tokenizer, scorer, prepared.prompts, log_scores, verify)
+        outcome.verification = stats
+        ties = "" if stats["exact"] else (f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as "
+                                          f"agreement, max log-prob difference {stats['max_abs_diff']:.1e})")
+        tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: all agree{ties}")
+    scores = LabelScores(checked_labels, log_scores)
+    outcome.predictions = scores.predictions
+    write_records(result_records(table, scores), [*table.columns, *prediction_columns(checked_labels)], output)
+    outcome.output = output
+    outcome.seconds = time.perf_counter() - start
+    tell(outcome.summary())
+    warning = collapse_warning(outcome.predictions, checked_labels)
+    if warning:
+        outcome.warnings.append(warning)
+        tell(warning)
+    return outcome

@@ -6,7 +6,7 @@ transformers ``DynamicCache``, and from then on each ticket costs only its own t
 
 The split must be token-clean: prefix tokens + suffix tokens must equal the whole prompt's tokens,
 or the model would see a different input than the plain path. ``PrefixCache.split`` refuses any
-prompt where that does not hold.
+prompt where that does not hold (``UncleanSplitError``); ``score_batched`` then runs that prompt in full.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from .data import build_prompt, encode_prompt
 
 class PromptSplitError(ValueError):
     """A prompt that does not start with the cached prefix, or whose split is not token-clean."""
+
+
+class UncleanSplitError(PromptSplitError):
+    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt."""
 
 
 def common_prefix(texts: Sequence[str]) -> str:
@@ -59,9 +63,10 @@ class PrefixCache:
         self.ids = encode_prompt(tokenizer, prefix_text)
         self.length = len(self.ids)
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([self.ids], device=model.device), use_cache=True)
-        self.working = out.cache
-        # The prefix's own tensors: DynamicCache appends by concatenation, so they never change.
+            # Only the keys and values are wanted: one position's logits instead of prefix x vocabulary.
+            out = model(input_ids=torch.tensor([self.ids], device=model.device), use_cache=True, logits_to_keep=1)
+        # The prefix's own tensors, per layer. Nothing ever writes to them: every call gets a fresh cache
+        # over them, and DynamicCache appends by concatenation (a new tensor), never in place.
         self.layers = [(layer.keys, layer.values) for layer in out.cache.layers]
 
     @classmethod
@@ -77,7 +82,7 @@ class PrefixCache:
         whole = encode_prompt(self.tokenizer, prompt)
         suffix = encode_prompt(self.tokenizer, prompt[len(self.text):])
         if whole[: self.length] != self.ids or whole[self.length:] != suffix:
-            raise PromptSplitError(
+            raise UncleanSplitError(
                 f"{where} is not token-clean at the prefix boundary: prefix + suffix tokens differ "
                 "from the whole prompt's tokens"
             )
@@ -86,24 +91,21 @@ class PrefixCache:
         return suffix
 
     def cache_for_batch(self, batch_size: int) -> DynamicCache:
-        """A cache holding the prefix for ``batch_size`` rows, ready for their suffixes.
+        """A fresh cache holding the prefix for ``batch_size`` rows, ready for their suffixes.
 
-        Batch 1 reuses one working cache, cropped back to the prefix after the last ticket: cropping
-        keeps a view of the first tokens, so no copy of the prefix is made per ticket. Larger batches
-        get a fresh cache over ``expand``ed views of the batch-1 tensors (no per-row copy until the
-        model appends the rows' own keys, which copies each row's prefix once per batch).
+        No state is shared between calls: the new cache starts from the prefix's own tensors (``expand``ed
+        views for several rows), so a forward interrupted midway (Ctrl-C, out of memory) or a caller that
+        widens the cache (several multi-token labels) leaves nothing behind for the next ticket. The cost
+        is copies of the prefix keys and values (``DynamicLayer.update`` concatenates, here and when the
+        model appends a row's own tokens), small next to a forward pass on a CPU; a shared cache cropped
+        back after each ticket would copy on append too.
         """
-        if batch_size == 1:
-            extra = self.working.get_seq_length() - self.length
-            if extra:
-                self.working.crop(-extra)  # a negative count removes that many tokens from the end
-            return self.working
-        return DynamicCache(
-            ddp_cache_data=[
-                (k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)) for k, v in self.layers
-            ],
-            config=self.model.config,
-        )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        layers = self.layers
+        if batch_size > 1:
+            layers = [(k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)) for k, v in layers]
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
     @property
     def nbytes(self) -> int:

@@ -27,6 +27,23 @@ from .data import encode_prompt
 METHODS = ("auto", "first_token", "sequence")
 
 
+def check_labels(labels: Sequence[str]) -> list[str]:
+    """The label list, or a one-line ``ValueError``: empty list, blank or non-text label, duplicates.
+
+    Needs no tokenizer, so a command can refuse bad labels before it loads a model.
+    """
+    labels = list(labels)
+    if not labels:
+        raise ValueError("the label list is empty: give at least two labels")
+    for position, label in enumerate(labels):
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"label #{position} ({label!r}) is empty: every label needs text")
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate labels: {', '.join(map(repr, duplicates))}")
+    return labels
+
+
 class LabelScorer:
     """The label set as token sequences, and how to score them.
 
@@ -36,15 +53,7 @@ class LabelScorer:
     """
 
     def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False):
-        labels = list(labels)
-        if not labels:
-            raise ValueError("the label list is empty: give at least two labels")
-        for position, label in enumerate(labels):
-            if not isinstance(label, str) or not label.strip():
-                raise ValueError(f"label #{position} ({label!r}) is empty: every label needs text")
-        duplicates = sorted({label for label in labels if labels.count(label) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate labels: {', '.join(map(repr, duplicates))}")
+        labels = check_labels(labels)
         if method not in METHODS:
             raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
         self.labels = labels
@@ -198,9 +207,10 @@ def _continuation_log_probs(model, scorer, cache, mask, last_positions) -> torch
         use_cache=True,
         logits_to_keep=width,
     )
-    logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()
-    targets = scorer.cont_targets.repeat(batch, 1)
-    picked = logp.gather(-1, targets[..., None]).squeeze(-1) * scorer.cont_mask.repeat(batch, 1)
+    logp = torch.log_softmax(out.logits.float(), dim=-1)
+    targets = scorer.cont_targets.repeat(batch, 1).to(device)
+    # Gather the label tokens on the device: only (rows x width) numbers travel to the host, not the vocabulary.
+    picked = logp.gather(-1, targets[..., None]).squeeze(-1).cpu() * scorer.cont_mask.repeat(batch, 1)
     extra = torch.zeros((batch, len(scorer.labels)))
     extra[:, scorer.multi] = picked.sum(-1).view(batch, n_multi)
     return extra
@@ -274,19 +284,44 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> s
 FLOAT32_ATOL = 1e-3
 
 
-def agreement(reference: LabelScores, candidate: LabelScores) -> dict:
-    """Fraction of identical predicted labels and the largest label log-prob difference."""
+def top2_margin(scores: LabelScores) -> torch.Tensor:
+    """Per item, how far the best label's log-score is ahead of the second best (inf with one label)."""
+    if scores.log_scores.shape[-1] < 2:
+        return torch.full((len(scores),), float("inf"))
+    top = scores.log_scores.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
+    """Fraction of identical predicted labels, the largest label log-prob difference, and near-ties.
+
+    A differing label counts as a near-tie when the reference's top two labels are less than ``near_tie``
+    apart: two runs that differ by rounding may then order them either way. ``agreement`` counts only
+    identical labels; ``near_ties`` says how many of the differences were near-ties.
+    """
     if len(reference) != len(candidate):
         raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
     same = reference.predicted_index == candidate.predicted_index
+    tie = (top2_margin(reference) < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
-    return {"agreement": float(same.mean()), "max_abs_diff": diff, "n": len(reference)}
+    return {"agreement": float(same.mean()), "max_abs_diff": diff, "n": len(reference),
+            "near_ties": int((~same & tie).sum())}
 
 
-def assert_agrees(reference: LabelScores, candidate: LabelScores, atol: float = FLOAT32_ATOL) -> dict:
-    """Same label for every item and log-probs within ``atol``; the error names the first bad item."""
-    stats = agreement(reference, candidate)
-    differs = np.flatnonzero(reference.predicted_index != candidate.predicted_index)
+def assert_agrees(
+    reference: LabelScores, candidate: LabelScores, atol: float = FLOAT32_ATOL, near_ties: bool = False
+) -> dict:
+    """Same label for every item and log-probs within ``atol``; the error names the first bad item.
+
+    ``near_ties=True`` is for low-precision runs: a differing label is accepted when the reference's top
+    two labels are within ``atol`` of each other (rounding can flip them), and counted in ``near_ties``.
+    float32 checks keep it off: there every label must be identical.
+    """
+    stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
+    differs = reference.predicted_index != candidate.predicted_index
+    if near_ties:
+        differs &= ~(top2_margin(reference) < atol).numpy()
+    differs = np.flatnonzero(differs)
     if len(differs):
         i = differs[0]
         raise AssertionError(

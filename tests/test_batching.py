@@ -20,14 +20,15 @@ lengths_lists = st.lists(st.integers(1, 500), min_size=1, max_size=200)
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=lengths_lists, strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 64), budget=st.integers(1, 20000))
-def test_every_item_lands_in_exactly_one_batch(lengths, strategy, batch_size, budget):
-    batches = plan_batches(lengths, strategy, batch_size, budget)
+@given(lengths=lengths_lists, strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 64),
+       budget=st.integers(1, 20000), per_row=st.integers(0, 400))
+def test_every_item_lands_in_exactly_one_batch(lengths, strategy, batch_size, budget, per_row):
+    batches = plan_batches(lengths, strategy, batch_size, budget, tokens_per_row=per_row)
     assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
     assert all(batches), "no empty batch"
     if strategy == "token_budget":
         for batch in batches:
-            assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= budget
+            assert len(batch) == 1 or len(batch) * (per_row + max(lengths[i] for i in batch)) <= budget
     elif strategy != "loop":
         assert all(len(batch) <= batch_size for batch in batches)
     report = padding_report(lengths, batches)
@@ -53,6 +54,25 @@ def test_bad_batching_arguments_are_refused():
         plan_batches([1], "sorted", batch_size=0)
     with pytest.raises(ValueError, match="needs token_budget"):
         plan_batches([1], "token_budget")
+    with pytest.raises(ValueError, match="tokens_per_row must be >= 0"):
+        plan_batches([1], "token_budget", token_budget=10, tokens_per_row=-1)
+
+
+def test_a_token_budget_counts_the_cached_prefix_in_every_row(embedded, tickets, few_shot):
+    """With the prefix cache a row holds the prefix's keys and values as well as its own tokens."""
+    model, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"][:12], few_shot)
+    cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
+    suffixes = [len(cache.split(p)) for p in prompts]
+    budget = 4 * (cache.length + max(suffixes))
+    result = score_batched(model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, prefix=cache,
+                           progress=False)
+    plan = plan_batches(suffixes, "token_budget", token_budget=budget, tokens_per_row=cache.length)
+    assert result.info["n_batches"] == len(plan) == 3, "4 rows of (prefix + longest suffix) fit the budget"
+    assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), \
+        "counting suffixes alone would pack more rows than the budget holds"
+    assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
 STRATEGY_CASES = [

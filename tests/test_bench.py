@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from helpers.__main__ import main
@@ -23,16 +24,19 @@ def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
     assert set(tiny_bench["dtype"]) == {"float32", "bfloat16"}
     assert (tiny_bench["items_per_s"] > 0).all() and (tiny_bench["roof_gflops"] > 0).all()
     assert tiny_bench["timing_only"].all(), "a twin's rows must say they are timing only"
-    loop = tiny_bench.query("strategy == 'loop' and dtype == 'float32'")
-    assert loop["speedup_vs_loop"].tolist() == [1.0], "speedups are relative to the float32 loop"
+    # Speedups are relative to the float32 loop, also for the bfloat16 rows (not to each dtype's own loop).
+    loop = tiny_bench.query("strategy == 'loop' and dtype == 'float32'")["items_per_s"].item()
+    assert tiny_bench.attrs["loop_items_per_s"] == loop
+    assert np.allclose(tiny_bench["speedup_vs_loop"], tiny_bench["items_per_s"] / loop)
 
 
 def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
     float32 = tiny_bench[tiny_bench["dtype"] == "float32"]
     assert (float32["agreement"] == 1.0).all()
     assert (float32["max_abs_diff"] <= 1e-3).all()
+    # bfloat16 rows are compared with the float32 loop, not with themselves: rounding shows in every row.
     bfloat16 = tiny_bench[tiny_bench["dtype"] == "bfloat16"]
-    assert bfloat16["agreement"].between(0, 1).all(), "bfloat16 agreement is measured, not assumed"
+    assert (bfloat16["max_abs_diff"] > 1e-4).all(), "bfloat16 scores identical to float32: not run in bfloat16?"
 
 
 def test_useful_work_excludes_embeddings(tiny_qwen):

@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -129,21 +132,43 @@ def test_tickets_longer_than_the_context_fail_or_are_cut_with_a_count(tmp_path, 
     assert len(pd.read_csv(out)) == 3, "output row count equals input row count"
 
 
-def test_two_processes_match_one_process_row_by_row(hand_made, tmp_path):
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+
+
+@pytest.mark.parametrize("n_rows", [5, 1], ids=["5_rows", "1_row"])
+def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows):
+    """Uneven shares (3 + 2 rows; 1 + 0 rows) come back as one output equal to the single-process one."""
+    source = tmp_path / "tickets.csv"
+    source.write_text(HAND_MADE + '011,Login,"I cannot log in since the update",chat\n', encoding="utf-8")
+    frame = pd.read_csv(source, dtype=str).head(n_rows)
+    frame.to_csv(source, index=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    common = [str(hand_made), *LABEL_ARGS, "--text-column", "body", "--batch-size", "2", *TINY]
+    common = [str(source), *LABEL_ARGS, "--text-column", "body", "--batch-size", "2", *TINY]
     single, double = tmp_path / "one.csv", tmp_path / "two.csv"
     subprocess.run([sys.executable, "-m", "helpers", "classify", *common, "--output", str(single)], check=True, env=env)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
-    done = subprocess.run([*torchrun, "-m", "helpers", "classify", *common, "--output", str(double)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*TORCHRUN, "--master_port", str(29533 + n_rows), "-m", "helpers", "classify", *common,
+                           "--output", str(double)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stderr
     one, two = pd.read_csv(single, dtype=str), pd.read_csv(double, dtype=str)
-    assert len(two) == len(one) == 4
+    assert len(two) == len(one) == n_rows
     assert one[["ticket_id", "body", "predicted_label"]].equals(two[["ticket_id", "body", "predicted_label"]])
     probabilities = ["p_billing", "p_technical", "p_account"]
     assert (one[probabilities].astype(float) - two[probabilities].astype(float)).abs().max().max() < 1e-4
+
+
+def test_a_failure_on_one_process_stops_every_process_with_its_message(hand_made, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    out = tmp_path / "out.csv"
+    driver = Path(__file__).parent / "fail_on_one_rank.py"
+    done = subprocess.run([*TORCHRUN, "--master_port", "29541", str(driver), "1", "classify", str(hand_made),
+                           *LABEL_ARGS, "--text-column", "body", "--output", str(out), *TINY],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    # Both processes end with the failing process's message: rank 1 its own, rank 0 relayed.
+    assert done.stderr.count("injected failure on rank 1") >= 2, done.stderr[-3000:]
+    assert "error: process 1 of 2: injected failure on rank 1" in done.stderr, done.stderr[-3000:]
+    assert not out.exists()
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -168,3 +193,229 @@ def test_any_batching_gives_each_input_its_own_reference_result(tiny_qwen, word_
     assert result.log_scores.shape == (len(prompts), len(LABELS))
     assert result.predictions == reference.predictions
     assert torch.allclose(result.log_scores, reference.log_scores, atol=1e-4)
+
+
+# --- reliability: the issue's own command, checks before loading, faithful and atomic output ----------------
+
+
+def test_the_multi_word_label_command_gives_a_prediction_per_row(tmp_path, capsys, embedded):
+    """Several multi-token labels on the prefix path used to widen the shared cache and crash the second row."""
+    source = tmp_path / "t.csv"
+    source.write_text('text\n"I was charged twice"\n"The app crashes on upload"\n"Change my email"\n')
+    labels = ["refund request", "bug report", "account change"]
+    model, tokenizer, _ = embedded
+    reference = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels),
+                                 [build_prompt(tokenizer, t, labels) for t in pd.read_csv(source)["text"]],
+                                 progress=False)
+    for strategy in ("loop", "sorted"):
+        out = tmp_path / f"{strategy}.csv"
+        code, err = run(["classify", str(source), "--labels", ",".join(labels), "--output", str(out),
+                         "--strategy", strategy, "--model", "embedded", "--quiet"], capsys)
+        assert code == 0, err
+        result = pd.read_csv(out)
+        assert list(result["predicted_label"]) == reference.predictions, strategy
+        probabilities = torch.tensor(result[[f"p_{label}" for label in labels]].values, dtype=torch.float32)
+        assert torch.allclose(probabilities, reference.probabilities, atol=1e-4)
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """Fail the test if the model is loaded: every case below must be refused before that."""
+    from helpers import models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+
+
+PRE_LOAD_CASES = [
+    ("duplicate labels", dict(labels="billing,account,billing"), "duplicate labels: 'billing'"),
+    ("blank label", dict(labels="billing,,account"), "has an empty entry"),
+    ("missing input", dict(input="missing.csv"), "missing.csv: no such file"),
+    ("no text column", dict(text_column="body"), "no column 'body' (columns: text)"),
+    ("output exists", dict(output="exists.csv"), "exists.csv already exists: pass --overwrite"),
+    ("output folder missing", dict(output="nowhere/out.csv"), "the folder"),
+    ("output is the input", dict(output="in.csv", overwrite=True), "is the input file"),
+    ("output format", dict(output="out.xlsx"), "unsupported output format '.xlsx'"),
+    ("column clash", dict(input="clash.csv"), "clash.csv: already has column(s) 'confidence'"),
+    ("bad examples", dict(examples="examples.csv"), "label is not one of"),
+    ("bad batch size", dict(batch_size=0), "--batch-size must be >= 1"),
+    ("bad strategy", dict(strategy="random"), "unknown strategy 'random'"),
+]
+
+
+@pytest.mark.parametrize("case,options,message", PRE_LOAD_CASES, ids=[c[0] for c in PRE_LOAD_CASES])
+def test_every_check_runs_before_the_model_loads(tmp_path, no_model, case, options, message):
+    from helpers.classify import InputError, classify_file
+
+    (tmp_path / "in.csv").write_text("text\nmy invoice is wrong\n")
+    (tmp_path / "clash.csv").write_text("text,confidence\nmy invoice is wrong,high\n")
+    (tmp_path / "exists.csv").write_text("keep me")
+    (tmp_path / "examples.csv").write_text("text,label\nI was charged twice,refunds\n")
+    arguments = {"input": "in.csv", "labels": "billing,technical,account", "output": "out.csv", **options}
+    for key in ("input", "output", "examples"):
+        if key in arguments:
+            arguments[key] = tmp_path / arguments[key]
+    with pytest.raises(InputError, match=re.escape(message)) as error:
+        classify_file(arguments.pop("input"), arguments.pop("labels"), arguments.pop("output"),
+                      examples_path=arguments.pop("examples", None), **arguments)
+    assert "\n" not in str(error.value)
+    assert (tmp_path / "exists.csv").read_text() == "keep me"
+
+
+DATE_LIKE = [
+    {"id": "007", "created_at": "2024-01-05T10:00:00Z", "timestamp": 1704448800, "updated": "2024-01-05",
+     "text": "I was charged twice", "big": 12345678901234567890, "meta": {"channel": "email"}, "score": 0.1},
+    {"id": "008", "created_at": "05/01/2024", "timestamp": "1704448800", "text": "The app crashes", "vip": True,
+     "note": None},
+]
+
+
+def test_jsonl_values_come_back_exactly_as_written(tmp_path, capsys):
+    """No date parsing (created_at, timestamp), no float-ification of gappy integers, missing keys stay missing."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in DATE_LIKE))
+    out = tmp_path / "out.jsonl"
+    code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), *TINY], capsys)
+    assert code == 0, err
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(DATE_LIKE)
+    for record, line in zip(DATE_LIKE, lines):
+        written = json.loads(line)
+        assert {k: written[k] for k in record} == record and written["predicted_label"] in LABELS
+        assert set(written) == set(record) | {"predicted_label", "confidence", "p_billing", "p_technical", "p_account"}
+        for key, value in record.items():  # the very bytes of each value
+            assert f"{json.dumps(key)}: {json.dumps(value)}" in line
+
+
+def test_csv_values_come_back_exactly_as_written(tmp_path, capsys):
+    source = tmp_path / "in.csv"
+    source.write_text("id,created_at,timestamp,amount,text\n007,2024-01-05 10:00,1704448800,1e3,refund please\n"
+                      "008,05/01/2024,,0010.50,app crashes\n")
+    out = tmp_path / "out.csv"
+    code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), *TINY], capsys)
+    assert code == 0, err
+    written = out.read_text().splitlines()
+    original = source.read_text().splitlines()
+    for before, after in zip(original, written):
+        assert after.startswith(before + ","), (before, after)
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"text": "fine"}\n{"text": "oops"\n', "line 2 is not valid JSON"),
+    ('{"text": "fine"}\n["not", "an", "object"]\n', "line 2 is a JSON list, not an object"),
+    ('{"text": "fine"}\n\n{"text": "after a gap"}\n', "line 2 is blank"),
+], ids=["bad_json", "not_an_object", "blank_line"])
+def test_bad_jsonl_lines_are_named(tmp_path, no_model, content, message):
+    from helpers.classify import InputError, read_table
+
+    path = tmp_path / "in.jsonl"
+    path.write_text(content)
+    with pytest.raises(InputError, match=re.escape(message)):
+        read_table(path)
+    path.write_text('{"text": "fine"}\n{"text": "also fine"}\n\n\n')
+    assert len(read_table(path)) == 2, "blank lines at the end of a file are not rows"
+
+
+def test_a_write_stopped_midway_leaves_no_partial_output_and_the_old_file_untouched(tmp_path):
+    from helpers.classify import atomic_write
+
+    target = tmp_path / "out.csv"
+    target.write_text("keep me")
+
+    def half_then_interrupted(handle):
+        handle.write("text,predicted_label\n" * 1000)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, half_then_interrupted)
+    assert target.read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"], "the temporary file must be removed"
+    atomic_write(target, lambda handle: handle.write("new"))
+    assert target.read_text() == "new" and oct(target.stat().st_mode & 0o777) != oct(0o600)
+
+
+def test_a_classify_run_failing_while_writing_keeps_the_existing_output(tmp_path, capsys, monkeypatch):
+    import helpers.classify as classify
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["refund please", "app crashes", "new email"]))
+    out = tmp_path / "out.jsonl"
+    out.write_text("keep me")
+    written = []
+
+    def dumps_then_fail(value, **kwargs):
+        written.append(value)
+        if len(written) == 2:
+            raise OSError("No space left on device")
+        return json.dumps(value, **kwargs)
+
+    failing_json = SimpleNamespace(dumps=dumps_then_fail, loads=json.loads, JSONDecodeError=json.JSONDecodeError)
+    monkeypatch.setattr(classify, "json", failing_json)
+    code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--overwrite", *TINY], capsys)
+    assert code == 2 and "No space left on device" in err
+    assert out.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
+def test_verify_in_bfloat16_uses_a_tolerance_and_counts_near_ties(hand_made, tmp_path, capsys):
+    out = tmp_path / "out.csv"
+    code, err = run(["classify", str(hand_made), *LABEL_ARGS, "--text-column", "body", "--output", str(out),
+                     "--dtype", "bfloat16", "--verify", "4", *TINY], capsys)
+    assert code == 0, err
+    assert re.search(r"verified 4 random rows .*: all agree \(\d+ near-tie\(s\) within 0.05 counted as agreement", err), err
+    assert "bfloat16" in err
+
+
+def test_collapsed_predictions_end_with_a_warning(tmp_path):
+    from helpers.classify import collapse_warning
+
+    labels = ["billing", "technical", "account"]
+    warning = collapse_warning(["billing"] * 9 + ["account"], labels)
+    assert warning == ("warning: 9 of 10 rows (90%) got 'billing' (billing 9, technical 0, account 1): the model may "
+                       "not be telling the labels apart; give it a few labelled examples with --examples FILE "
+                       "(columns text, label)")
+    assert collapse_warning(["billing"] * 8 + ["account"] * 2, labels) is None
+    assert collapse_warning(["billing"] * 9, labels) is None, "too few rows to call it a collapse"
+
+
+def test_the_embedded_model_zero_shot_is_warned_about_and_few_shot_is_not(tmp_path, capsys):
+    from helpers.data import few_shot_examples, make_tickets
+
+    source = tmp_path / "in.csv"
+    make_tickets(12, seed=3, style="varied")[["text"]].to_csv(source, index=False)
+    examples = tmp_path / "examples.csv"
+    pd.DataFrame(few_shot_examples(6), columns=["text", "label"]).to_csv(examples, index=False)
+    runs = {}
+    for name, extra in (("zero_shot", []), ("few_shot", ["--examples", str(examples)])):
+        out = tmp_path / f"{name}.csv"
+        code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--model", "embedded",
+                         "--quiet", *extra], capsys)
+        assert code == 0, err
+        counts = pd.read_csv(out)["predicted_label"].value_counts()
+        runs[name] = (counts.max() / counts.sum(), "warning:" in err and "--examples" in err)
+    for name, (top_share, warned) in runs.items():
+        assert warned == (top_share >= 0.9), (name, top_share, warned)
+    assert runs["zero_shot"][1], "the embedded model collapses zero-shot: the warning must say so"
+
+
+def test_rows_that_are_not_token_clean_run_in_full_and_are_counted(tmp_path, monkeypatch, embedded):
+    from helpers import classify
+    from helpers.prefix_cache import PrefixCache, find_prefix_text
+
+    def prefix_ending_in_the(model, tokenizer, **options):
+        return PrefixCache(model, tokenizer, find_prefix_text(tokenizer, **options) + " The")
+
+    monkeypatch.setattr(PrefixCache, "for_prompts", staticmethod(prefix_ending_in_the))
+    source = tmp_path / "in.csv"
+    texts = ["The app crashes when I upload a photo", "Theory aside, my bill is wrong", "The email is old"]
+    pd.DataFrame({"text": texts}).to_csv(source, index=False)
+    said = []
+    result = classify.classify_file(source, LABELS, tmp_path / "out.csv", model_name="embedded", progress=False,
+                                    say=said.append)
+    assert result.full_prompt_rows == [2]
+    assert "prefix cache: 1 row(s) not token-clean at the prefix boundary ran in full (row 2)" in said[-1]
+    model, tokenizer, _ = embedded
+    reference = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, LABELS),
+                                 [build_prompt(tokenizer, t, LABELS) for t in texts], progress=False)
+    assert result.predictions == reference.predictions

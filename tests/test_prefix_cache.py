@@ -1,8 +1,15 @@
 import pytest
+import torch
 
 from helpers.batching import score_batched
 from helpers.data import LABEL_DESCRIPTIONS, LABELS, build_prompt
-from helpers.prefix_cache import PrefixCache, PromptSplitError, find_prefix_text, split_is_clean
+from helpers.prefix_cache import (
+    PrefixCache,
+    PromptSplitError,
+    UncleanSplitError,
+    find_prefix_text,
+    split_is_clean,
+)
 from helpers.scoring import LabelScorer, assert_agrees, score_one_by_one
 
 from .conftest import prompts_for
@@ -47,15 +54,72 @@ def test_cached_prefix_changes_no_prediction(any_model, tickets, few_shot, examp
     cached = score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False)
     assert_agrees(reference, cached, atol=1e-3)
     assert cached.info["prefix_tokens"] == cache.length
-    # The working cache was cropped back after the last ticket, not left grown.
-    assert cache.cache_for_batch(1).get_seq_length() == cache.length
+
+
+def test_every_call_gets_its_own_cache_holding_the_prefix_alone(embedded):
+    model, tokenizer, _ = embedded
+    cache = PrefixCache.for_prompts(model, tokenizer)
+    first = cache.cache_for_batch(1)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[1, 2, 3]]), cache=first, use_cache=True, logits_to_keep=1)
+    second = cache.cache_for_batch(1)
+    assert second is not first, "a shared cache would carry one ticket's tokens (or a failure) into the next"
+    assert first.get_seq_length() == cache.length + 3 and second.get_seq_length() == cache.length
+    wide = cache.cache_for_batch(3)
+    assert wide.layers[0].keys.shape[0] == 3 and wide.get_seq_length() == cache.length
+
+
+@pytest.mark.parametrize("fail_on_call", [1, 2], ids=["prompt_forward", "label_continuation_forward"])
+def test_an_interrupted_forward_changes_no_later_result(embedded, tickets, fail_on_call):
+    """Ctrl-C (or out of memory) halfway through the layers must not leave a longer or wider cache behind."""
+    model, tokenizer, _ = embedded
+    labels = ["bug report", "refund request", "billing question about refunds"]  # continuations widen the cache
+    scorer = LabelScorer(tokenizer, labels)
+    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:4]]
+    cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)
+    before = score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False)
+    calls = []
+
+    def interrupt(module, args, output):
+        calls.append(1)
+        if len(calls) == fail_on_call:
+            raise KeyboardInterrupt
+
+    layers = model.model.layers
+    handle = layers[len(layers) // 2].register_forward_hook(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False)
+    finally:
+        handle.remove()
+    after = score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False)
+    assert torch.equal(before.log_scores, after.log_scores), "the interrupted call changed later results"
+
+
+def test_a_prompt_that_is_not_token_clean_runs_with_its_full_prompt(embedded):
+    model, tokenizer, _ = embedded
+    # A prefix ending in " The" fits "The app ..." but not "Theory ...", where " Theory" is one token.
+    texts = ["The app crashes when I upload a photo", "Theory aside, my bill is wrong", "The email on my profile is old"]
+    prompts = [build_prompt(tokenizer, text) for text in texts]
+    cache = PrefixCache(model, tokenizer, find_prefix_text(tokenizer) + " The")
+    assert [split_is_clean(tokenizer, cache.text, p) for p in prompts] == [True, False, True]
+    scorer = LabelScorer(tokenizer, LABELS)
+    reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    for strategy in ("loop", "sorted"):
+        result = score_batched(model, tokenizer, scorer, prompts, strategy, batch_size=2, prefix=cache, progress=False)
+        assert result.info["full_prompt_items"] == [1]
+        assert_agrees(reference, result, atol=1e-3)
+    with pytest.raises(UncleanSplitError, match="prompt #1 is not token-clean"):
+        score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False, unclean="raise")
 
 
 def test_prefix_tensors_survive_any_number_of_uses(embedded, tickets):
     model, tokenizer, _ = embedded
-    cache = PrefixCache.for_prompts(model, tokenizer)
-    before = [k.clone() for k, _ in cache.layers]
-    scorer = LabelScorer(tokenizer, LABELS)
-    prompts = prompts_for(tokenizer, tickets["text"][:8])
-    score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, prefix=cache, progress=False)
-    assert all((k == b).all() for (k, _), b in zip(cache.layers, before))
+    labels = ["bug report", "refund request", "technical"]
+    cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)
+    before = [(k.clone(), v.clone()) for k, v in cache.layers]
+    scorer = LabelScorer(tokenizer, labels)
+    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:8]]
+    for strategy, batch_size in (("loop", 1), ("sorted", 4)):
+        score_batched(model, tokenizer, scorer, prompts, strategy, batch_size=batch_size, prefix=cache, progress=False)
+    assert all(torch.equal(k, bk) and torch.equal(v, bv) for (k, v), (bk, bv) in zip(cache.layers, before))

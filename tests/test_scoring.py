@@ -120,3 +120,24 @@ def test_parse_label_accepts_exactly_one_label():
     assert parse_label("billing or account", LABELS) is None
     assert parse_label("I think it is a payment problem", LABELS) is None
     assert parse_label("accounting", LABELS) is None
+
+
+def test_low_precision_checks_accept_near_ties_only_and_count_them():
+    reference = LabelScores(["a", "b"], torch.tensor([[0.0, -0.01], [0.0, -1.0], [-1.0, 0.0]]))
+    tie_flipped = LabelScores(["a", "b"], torch.tensor([[-0.01, 0.0], [0.0, -1.0], [-1.0, 0.0]]))
+    stats = assert_agrees(reference, tie_flipped, atol=5e-2, near_ties=True)
+    assert stats["near_ties"] == 1 and stats["agreement"] == pytest.approx(2 / 3)
+    with pytest.raises(AssertionError, match="1 of 3 predictions differ; first: item 0"):
+        assert_agrees(reference, tie_flipped, atol=5e-2)  # without near_ties (float32) every label must match
+    clear_flip = LabelScores(["a", "b"], torch.tensor([[0.0, -0.01], [-1.0, 0.0], [-1.0, 0.0]]))
+    with pytest.raises(AssertionError, match="1 of 3 predictions differ; first: item 1"):
+        assert_agrees(reference, clear_flip, atol=5e-2, near_ties=True)
+
+
+def test_label_checks_need_no_tokenizer():
+    from helpers.scoring import check_labels
+
+    assert check_labels(("refund request", "bug report")) == ["refund request", "bug report"]
+    for labels, message in (([], "empty"), (["a", "a"], "duplicate labels: 'a'"), (["a", None], "label #1")):
+        with pytest.raises(ValueError, match=message):
+            check_labels(labels)
