@@ -34,7 +34,9 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--strategies", type=_csv_list(str), default=list(DEFAULT_STRATEGIES),
                        help=f"comma-separated, from {','.join((*STRATEGIES, *EXTRA_STRATEGIES))}")
     bench.add_argument("--batch-sizes", type=_csv_list(int), default=list(DEFAULT_BATCH_SIZES), help="e.g. 1,2,4,8,16,32,64")
-    bench.add_argument("--dtypes", type=_csv_list(str), default=list(DEFAULT_DTYPES), help="e.g. float32,bfloat16")
+    bench.add_argument("--dtypes", type=_csv_list(str), default=DEFAULT_DTYPES,
+                       help="e.g. float32,bfloat16 (default: float32, plus bfloat16 unless this machine runs it below half "
+                            "of float32's speed; naming a dtype forces it)")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median is reported")
     bench.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
@@ -55,6 +57,7 @@ def run_bench(args) -> int:
     first = frame.iloc[0]
     print(f"{first.model} · {first.device} · {first.threads} threads · n={first.n} · {first.shots} shots "
           f"(prefix {first.prefix_tokens} tokens)" + (" · random weights: timing only" if first.timing_only else ""))
+    print(f"machine: {first.profile}")
     print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s")
     print(frame[[c for c in columns if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.json_path:

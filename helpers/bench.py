@@ -23,6 +23,7 @@ from .batching import score_batched
 from .data import LABELS, build_prompt, encode_prompt, few_shot_examples, make_tickets
 from .models import load_model
 from .prefix_cache import PrefixCache
+from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores, agreement, generate_answer, parse_label
 
 # name -> (batching strategy, uses the prefix cache)
@@ -37,7 +38,7 @@ STRATEGIES = {
 EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01 (float32, batch 1)
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
 DEFAULT_BATCH_SIZES = (4, 16)
-DEFAULT_DTYPES = ("float32", "bfloat16")
+DEFAULT_DTYPES = None  # float32, plus bfloat16 where the machine profile says it is not slow
 
 
 # --- the machine's roof -----------------------------------------------------------------------------
@@ -161,7 +162,7 @@ def run_benchmark(
     shots: int = 6,
     strategies: Sequence[str] = DEFAULT_STRATEGIES,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    dtypes: Sequence[str] = DEFAULT_DTYPES,
+    dtypes: Sequence[str] | None = DEFAULT_DTYPES,
     repeats: int = 1,
     device: str | None = None,
     seed: int = 0,
@@ -171,8 +172,19 @@ def run_benchmark(
 
     ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
     has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
+    ``dtypes=None`` runs float32, plus bfloat16 unless the machine profile measured its matmul below half
+    of float32's (a line says so); a list runs exactly those. Every row records the machine profile, and
+    the roof is the profile's matmul throughput in the row's dtype.
     """
     _validate(strategies, batch_sizes, repeats, n)
+    model, _, info = load_model(model_name, dtype="float32", device=device, verbose=True)
+    profile = machine_profile(model, info, verbose=progress)
+    skipped: list[str] = []
+    if dtypes is None:
+        dtypes, skipped = profile.choose_dtypes(None)
+        for line in skipped:
+            print(line)
+    del model
     texts = make_tickets(n, seed=seed, style=style)["text"].tolist()
     rows: list[dict] = []
     reference: LabelScores | None = None
@@ -181,7 +193,7 @@ def run_benchmark(
     if "float32" not in ordered:
         ordered.insert(0, "float32")
     for dtype in ordered:
-        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=reference is None)
+        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False)
         examples = few_shot_examples(shots)
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
         scorer = LabelScorer(tokenizer, LABELS)
@@ -189,7 +201,8 @@ def run_benchmark(
         lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
         # Useful work: the tickets' own tokens through the non-embedding weights (not padding, not the prefix).
         useful_flops = 2 * non_embedding_parameters(model) * (sum(lengths) - prefix.length * len(prompts))
-        roof = matmul_roof(model, model.dtype)
+        measured_roof = profile.matmul_gflops.get(dtype)
+        roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
         options = dict(strategy="loop", batch_size=1, token_budget=None, prefix=None, progress=False)
         if reference is None:  # the float32 loop: the reference, and the "loop" row's timing
             with peak_memory(model.device) as loop_memory:
@@ -239,11 +252,15 @@ def run_benchmark(
                 "shots": shots,
                 "prefix_tokens": prefix.length,
                 "repeats": repeats,
+                "machine": profile.machine,
+                "profile": profile.caption(),
             })
         del model
     frame = pd.DataFrame(rows)
     frame["speedup_vs_loop"] = frame["items_per_s"] / loop_measured["items_per_s"]
     frame.attrs["loop_items_per_s"] = loop_measured["items_per_s"]  # measured even when "loop" is no row
+    frame.attrs["profile"] = profile
+    frame.attrs["skipped_dtypes"] = skipped
     return frame
 
 

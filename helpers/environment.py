@@ -24,13 +24,14 @@ def describe_environment() -> str:
     import torch
 
     from .models import cpu_threads, pick_device
+    from .profile import machine_name
 
     lines = [f"{name:>12}: {version}" for name, version in versions().items()]
     device = pick_device()
     if device.type == "cuda":
         lines.append(f"{'device':>12}: cuda ({torch.cuda.get_device_name(0)})")
     else:
-        lines.append(f"{'device':>12}: {device.type} ({platform.processor() or platform.machine()})")
+        lines.append(f"{'device':>12}: {machine_name(device)}")
         if device.type == "cpu":
             lines.append(f"{'':>12}  no GPU found: everything runs, slower; the timings below are CPU timings")
     lines.append(f"{'threads':>12}: {cpu_threads()}")

@@ -10,7 +10,7 @@ from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 
 # Small sizes: every check runs on every item, the whole suite in minutes on 2 cores.
-N_TICKETS = 24
+N_TICKETS = 16
 
 
 @pytest.fixture(scope="session")

@@ -68,3 +68,16 @@ def test_bench_command_refuses_bad_options_in_one_line(capsys):
     assert error.startswith("error: unknown strategies ['warp_drive']") and "\n" not in error
     with pytest.raises(SystemExit):
         main(["bench", "--batch-sizes", "four"])
+
+
+def test_default_dtypes_skip_one_the_machine_runs_slowly(monkeypatch, capsys):
+    from helpers import bench
+
+    from .test_profile import synthetic
+
+    monkeypatch.setattr(bench, "machine_profile", lambda model, info, verbose=True: synthetic(bf16=1.8, fp32=124.0))
+    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2], strategies=["loop", "sorted"],
+                          dtypes=None, progress=False)
+    assert set(frame["dtype"]) == {"float32"}
+    assert "bfloat16 skipped: its matmul runs at 1.8 GFLOP/s here against 124 for float32" in capsys.readouterr().out
+    assert (frame["machine"] == "cpu: test").all() and frame["roof_gflops"].eq(124.0).all()

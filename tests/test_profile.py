@@ -1,0 +1,80 @@
+"""The machine profile: measured once, cached, read correctly, and used to size work and pick dtypes."""
+
+import json
+
+import pytest
+
+from helpers import profile as profiles
+from helpers.profile import (
+    MachineProfile,
+    PlannedRun,
+    estimate_runs,
+    machine_profile,
+    size_to_budget,
+)
+
+
+def synthetic(bf16: float = 400.0, fp32: float = 120.0) -> MachineProfile:
+    """A profile with round numbers: 10 ms per call plus 1 ms per token up to 256 tokens, flat after."""
+    prefill = [(n, n / (0.01 + 0.001 * n)) for n in (1, 4, 16, 64, 256)]
+    return MachineProfile(machine="cpu: test", torch="0", model="test", dtype="float32", device="cpu", threads=2,
+                          matmul_gflops={"float32": fp32, "bfloat16": bf16}, prefill=prefill, decode={1: 50.0, 32: 800.0})
+
+
+def test_the_curve_is_read_between_and_beyond_its_points():
+    profile = synthetic()
+    assert profile.tokens_per_s(16) == pytest.approx(16 / 0.026)
+    assert profile.tokens_per_s(4) < profile.tokens_per_s(10) < profile.tokens_per_s(16)
+    assert profile.tokens_per_s(4096) == pytest.approx(profile.tokens_per_s(256)), "flat past the last measured point"
+    assert profile.forward_seconds(0.5) == pytest.approx(profile.forward_seconds(1)), "a call costs at least one token's call"
+    assert profile.saturation_tokens == 256 and profile.peak_tokens_per_s == pytest.approx(256 / 0.266)
+
+
+def test_a_dtype_below_half_of_float32_is_skipped_unless_asked_for():
+    slow = synthetic(bf16=1.8, fp32=124.0)
+    chosen, lines = slow.choose_dtypes(None)
+    assert chosen == ["float32"]
+    assert lines == ["bfloat16 skipped: its matmul runs at 1.8 GFLOP/s here against 124 for float32 (below half); "
+                     "ask for it explicitly to run it anyway"]
+    assert slow.choose_dtypes(["float32", "bfloat16"]) == (["float32", "bfloat16"], [])
+    assert synthetic(bf16=70.0, fp32=124.0).choose_dtypes(None)[0] == ["float32", "bfloat16"], "0.56x is kept"
+
+
+def test_sizing_takes_the_largest_count_within_the_budget_with_floor_cap_and_override():
+    cost = lambda n: 2.0 + 0.5 * n  # noqa: E731
+    assert size_to_budget(30, cost, floor=4, cap=600)[0] == 56
+    n, why = size_to_budget(1, cost, floor=4, cap=600)
+    assert n == 4 and "the fewest that keep the lesson visible" in why and "over the 1 s budget" in why
+    assert size_to_budget(10_000, cost, floor=4, cap=600)[0] == 600
+    n, why = size_to_budget(1, cost, floor=4, cap=600, explicit=24)
+    assert n == 24 and "set explicitly" in why
+
+
+def test_estimates_charge_padding_and_per_call_costs():
+    profile = synthetic()
+    lengths = [4, 256, 4, 256, 16, 64, 16, 64]  # measured points: the estimate is exact there
+    loop = estimate_runs(profile, [PlannedRun(lengths)])
+    assert loop == pytest.approx(sum(0.01 + 0.001 * n for n in lengths))
+    arbitrary = estimate_runs(profile, [PlannedRun(lengths, "arbitrary", 2)])
+    ordered = estimate_runs(profile, [PlannedRun(lengths, "sorted", 2)])
+    assert ordered < arbitrary, "sorted batches pad less, so they must be estimated cheaper"
+    with_labels = estimate_runs(profile, [PlannedRun(lengths, continuation=1)])
+    assert with_labels == pytest.approx(loop + len(lengths) * (0.01 + 0.001)), "one extra call per row"
+    generated = estimate_runs(profile, [PlannedRun(lengths, new_tokens=5)])
+    assert generated == pytest.approx(loop + len(lengths) * 4 / 50.0)
+
+
+def test_a_profile_is_measured_once_then_read_from_memory_and_disk(tiny_qwen, tmp_path, monkeypatch):
+    monkeypatch.setattr(profiles, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(profiles, "_MEMORY", {})
+    model, _, info = tiny_qwen
+    first = machine_profile(model, info, verbose=False)
+    sizes = [n for n, _ in first.prefill]
+    assert sizes == sorted(sizes) and sizes[0] == 1 and all(rate > 0 for _, rate in first.prefill)
+    assert set(first.decode) == {1, 32} and "float32" in first.matmul_gflops
+    assert machine_profile(model, info, verbose=False) is first, "the second call in a process is free"
+    saved = list((tmp_path / "profiles").glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["model"] == info.name
+    monkeypatch.setattr(profiles, "_MEMORY", {})
+    assert machine_profile(model, info, verbose=False) == first, "a new process reads the same profile from disk"
+    assert machine_profile(model, info, refresh=True, verbose=False) is not first
