@@ -95,7 +95,8 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
 def _read_jsonl(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
     # json, not pandas: pandas turns columns named like dates (created_at, timestamp) into dates, and
     # integers with gaps into floats. Here every value comes back as written.
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    # Split on newlines only: str.splitlines would also split on U+2028 / U+0085, which JSON strings may hold.
+    lines = [line.rstrip("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
     while lines and not lines[-1].strip():
         lines.pop()  # trailing blank lines are the end of the file, not rows
     if not lines:
@@ -220,20 +221,28 @@ def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(handle.name, 0o666 & ~umask)  # a temporary file is private (0600); outputs are not
+        os.chmod(handle.name, _output_mode(path))  # a temporary file is private (0600); outputs are not
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
 
 
+def _output_mode(path: Path) -> int:
+    """The mode the output should have: the replaced file's, else what a new file gets under the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)  # the only portable way to read it; set straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _csv_cell(value: Any) -> Any:
-    """A JSON value as CSV text: strings as they are, null empty, the rest as JSON (true, 3.5, [1, 2])."""
-    if value is None or isinstance(value, str):
-        return "" if value is None else value
-    return json.dumps(value, ensure_ascii=False)
+    """A JSON value as CSV text: strings as they are, null (or a CSV row's missing field) empty, the rest as
+    JSON (true, 3.5, [1, 2])."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def write_records(records: Sequence[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
@@ -295,6 +304,8 @@ def prepare_prompts(
                 while len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens and keep > 0:
                     prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
                     keep -= 8
+                if len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens:
+                    raise InputError(f"{source}: row {row}: cannot be cut to fit the model's {max_tokens}-token context")
         prompts.append(prompt)
     if too_long and not truncate:
         raise InputError(
@@ -323,7 +334,8 @@ def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: i
     exact = model.dtype == torch.float32
     atol = FLOAT32_ATOL if exact else LOW_PRECISION_ATOL
     try:
-        stats = assert_agrees(reference, candidate, atol=atol, near_ties=not exact)
+        stats = assert_agrees(reference, candidate, atol=atol, near_ties=not exact,
+                              item_names=[f"row {r + 1}" for r in rows])
     except AssertionError as error:
         raise RuntimeError(f"verification failed on sampled rows {[r + 1 for r in rows]}: {error}") from None
     return {**stats, "rows": [r + 1 for r in rows], "atol": atol, "exact": exact}
@@ -381,7 +393,8 @@ def _step(state, work: Callable[[], Any]) -> Any:
     """Run ``work`` on every process, then tell every process whether any failed.
 
     Without this, a process that fails alone would leave the others waiting in the next collective.
-    Here each one stops with the first failure's message (the failing one with its own error).
+    Here every process stops with the message of the lowest-numbered process that failed. Work that only
+    rank 0 does after the last step (verification, writing) needs no relay: the others have finished.
     """
     from accelerate.utils import gather_object
 

@@ -60,7 +60,7 @@ class ModelInfo:
         return self.name.startswith("twin:")
 
     def short(self) -> str:
-        return f"{self.name} · {self.dtype} · {self.device} ({self.threads} threads)"
+        return f"{self.name} · {self.dtype} · {self.device} ({self.threads} thread{'s' if self.threads != 1 else ''})"
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -7,10 +7,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 
-def caption(info) -> str:
-    """The line every figure carries: which model, dtype and device produced it."""
+def caption(info, profile=None) -> str:
+    """The line every figure carries: which model, dtype and device produced it (and on which machine)."""
     note = " (random weights: timing only)" if getattr(info, "timing_only", False) else ""
-    return f"{info.name}{note} · {info.dtype} · {info.device}, {info.threads} threads"
+    machine = f" · {profile.machine}" if profile is not None else ""
+    return f"{info.name}{note} · {info.dtype} · {info.device}, {info.threads} thread{'s' if info.threads != 1 else ''}{machine}"
 
 
 def bench_caption(frame) -> str:
@@ -18,7 +19,8 @@ def bench_caption(frame) -> str:
     first = frame.iloc[0]
     note = " (random weights: timing only)" if first["timing_only"] else ""
     dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
-    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {first['threads']} threads · "
+    machine = f" · {first['machine']}" if "machine" in frame else ""
+    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {first['threads']} thread{'s' if first['threads'] != 1 else ''}{machine} · "
             f"n={first['n']}, {first['shots']} shots")
 
 
@@ -39,7 +41,7 @@ def _coverage_title(curve) -> str:
             f"{half['coverage']:.0%} most confident")
 
 
-def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None):
+def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None, profile=None):
     """Accuracy of the tickets kept against the share kept, as the confidence threshold rises."""
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(curve["coverage"] * 100, curve["accuracy"] * 100, marker=".")
@@ -48,10 +50,10 @@ def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: 
     ax.set_title(title or _coverage_title(curve))
     ax.set_xlim(0, 102)
     ax.grid(alpha=0.3)
-    return fig, finish(fig, info, path)
+    return fig, finish(fig, caption(info, profile), path)
 
 
-def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None):
+def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None, profile=None):
     """Prefix-cache speedup against the static prefix's share of the prompt tokens."""
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(frame["prefix_tokens"], frame["speedup"], marker="o")
@@ -65,7 +67,7 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_title(title or f"Prefix cache: {first.speedup:.2f}x at {first.prefix_tokens} prefix tokens, "
                           f"{last.speedup:.2f}x at {last.prefix_tokens}")
     ax.grid(alpha=0.3)
-    return fig, finish(fig, info, path)
+    return fig, finish(fig, caption(info, profile), path)
 
 
 STRATEGY_LABELS = {

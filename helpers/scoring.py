@@ -33,8 +33,8 @@ def check_labels(labels: Sequence[str]) -> list[str]:
     Needs no tokenizer, so a command can refuse bad labels before it loads a model.
     """
     labels = list(labels)
-    if not labels:
-        raise ValueError("the label list is empty: give at least two labels")
+    if len(labels) < 2:
+        raise ValueError(f"the label list has {len(labels)} label(s): give at least two to choose between")
     for position, label in enumerate(labels):
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"label #{position} ({label!r}) is empty: every label needs text")
@@ -309,14 +309,20 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
 
 
 def assert_agrees(
-    reference: LabelScores, candidate: LabelScores, atol: float = FLOAT32_ATOL, near_ties: bool = False
+    reference: LabelScores,
+    candidate: LabelScores,
+    atol: float = FLOAT32_ATOL,
+    near_ties: bool = False,
+    item_names: Sequence[str] | None = None,
 ) -> dict:
     """Same label for every item and log-probs within ``atol``; the error names the first bad item.
 
     ``near_ties=True`` is for low-precision runs: a differing label is accepted when the reference's top
     two labels are within ``atol`` of each other (rounding can flip them), and counted in ``near_ties``.
-    float32 checks keep it off: there every label must be identical.
+    float32 checks keep it off: there every label must be identical. ``item_names`` name the items in the
+    error (e.g. rows of a file); by default "item i", the position.
     """
+    name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
     stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
     differs = reference.predicted_index != candidate.predicted_index
     if near_ties:
@@ -325,13 +331,13 @@ def assert_agrees(
     if len(differs):
         i = differs[0]
         raise AssertionError(
-            f"{len(differs)} of {len(reference)} predictions differ; first: item {i} "
+            f"{len(differs)} of {len(reference)} predictions differ; first: {name(i)} "
             f"{reference.predictions[i]!r} (reference) vs {candidate.predictions[i]!r}"
         )
     if not stats["max_abs_diff"] <= atol:  # written this way so NaN fails too
         worst = (reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item()
         raise AssertionError(
-            f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: item {worst})"
+            f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: {name(worst)})"
         )
     return stats
 

@@ -10,7 +10,7 @@ from helpers.batching import (
     plan_batches,
     score_batched,
 )
-from helpers.data import LABELS
+from helpers.data import LABELS, build_prompt, encode_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, assert_agrees, score_one_by_one
 
@@ -73,6 +73,20 @@ def test_a_token_budget_counts_the_cached_prefix_in_every_row(embedded, tickets,
     assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), \
         "counting suffixes alone would pack more rows than the budget holds"
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
+
+
+def test_a_token_budget_counts_one_copy_of_each_row_per_multi_token_label(tiny_qwen, tickets):
+    """The label continuations run every row once per multi-token label: that is the batch's peak."""
+    model, tokenizer, _ = tiny_qwen
+    labels = ["bug report", "refund request", "billing question about refunds"]
+    scorer = LabelScorer(tokenizer, labels)
+    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:12]]
+    lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
+    budget = 4 * max(lengths)
+    result = score_batched(model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, progress=False)
+    assert result.info["n_batches"] == len(plan_batches(lengths, "token_budget", token_budget=budget // 3))
+    assert result.info["n_batches"] > len(plan_batches(lengths, "token_budget", token_budget=budget)), \
+        "counting each row once would pack three times what the continuation pass holds"
 
 
 STRATEGY_CASES = [

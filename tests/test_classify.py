@@ -232,6 +232,7 @@ def no_model(monkeypatch):
 PRE_LOAD_CASES = [
     ("duplicate labels", dict(labels="billing,account,billing"), "duplicate labels: 'billing'"),
     ("blank label", dict(labels="billing,,account"), "has an empty entry"),
+    ("one label", dict(labels="billing"), "the label list has 1 label(s)"),
     ("missing input", dict(input="missing.csv"), "missing.csv: no such file"),
     ("no text column", dict(text_column="body"), "no column 'body' (columns: text)"),
     ("output exists", dict(output="exists.csv"), "exists.csv already exists: pass --overwrite"),
@@ -266,7 +267,8 @@ def test_every_check_runs_before_the_model_loads(tmp_path, no_model, case, optio
 
 DATE_LIKE = [
     {"id": "007", "created_at": "2024-01-05T10:00:00Z", "timestamp": 1704448800, "updated": "2024-01-05",
-     "text": "I was charged twice", "big": 12345678901234567890, "meta": {"channel": "email"}, "score": 0.1},
+     "text": "I was charged twice\u2028(pasted)", "big": 12345678901234567890, "meta": {"channel": "email"},
+     "score": 0.1},
     {"id": "008", "created_at": "05/01/2024", "timestamp": "1704448800", "text": "The app crashes", "vip": True,
      "note": None},
 ]
@@ -298,6 +300,7 @@ def test_csv_values_come_back_exactly_as_written(tmp_path, capsys):
     assert code == 0, err
     written = out.read_text().splitlines()
     original = source.read_text().splitlines()
+    assert len(written) == len(original), "one output line per input line"
     for before, after in zip(original, written):
         assert after.startswith(before + ","), (before, after)
 
@@ -332,8 +335,10 @@ def test_a_write_stopped_midway_leaves_no_partial_output_and_the_old_file_untouc
         atomic_write(target, half_then_interrupted)
     assert target.read_text() == "keep me"
     assert [p.name for p in tmp_path.iterdir()] == ["out.csv"], "the temporary file must be removed"
+    target.chmod(0o640)
     atomic_write(target, lambda handle: handle.write("new"))
-    assert target.read_text() == "new" and oct(target.stat().st_mode & 0o777) != oct(0o600)
+    assert target.read_text() == "new"
+    assert target.stat().st_mode & 0o777 == 0o640, "a replaced file keeps its mode (the temporary one was 0600)"
 
 
 def test_a_classify_run_failing_while_writing_keeps_the_existing_output(tmp_path, capsys, monkeypatch):

@@ -22,11 +22,13 @@ from helpers.scoring import (
 SINGLE = ["payment", "technical", "account"]
 ONE_MULTI = ["billing", "technical", "account"]  # "b" + "illing"
 THREE_MULTI = ["bug report", "refund request", "billing question about refunds"]  # 2, 3 and 6 tokens
+MIXED = ["bug report", "technical", "refund request"]  # two multi-token labels around a single-token one
 LABEL_SETS = {
     "single_tokens": (SINGLE, False),
     "one_multi_token": (ONE_MULTI, False),
     "three_multi_token": (THREE_MULTI, False),
     "three_multi_token_normalized": (THREE_MULTI, True),
+    "two_multi_around_a_single": (MIXED, False),
 }
 N = 10
 

@@ -12,7 +12,6 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]
 SMALL = {
     "MODEL": "embedded",
     "TIME_BUDGET_S": 5,
-    "N_PROBES": 4,
     "FULL_SCALE": False,
     "SHOT_COUNTS": [0, 3],
     "REPEATS": 1,

@@ -18,7 +18,8 @@ from .conftest import prompts_for
 def test_bad_label_lists_get_one_line_errors(embedded):
     _, tokenizer, _ = embedded
     cases = [
-        ([], "label list is empty"),
+        ([], "label list has 0 label"),
+        (["billing"], "label list has 1 label"),
         (["billing", "billing", "account"], "duplicate labels: 'billing'"),
         (["billing", "  "], "label #1"),
         (["billing", "account"], None),
@@ -132,12 +133,14 @@ def test_low_precision_checks_accept_near_ties_only_and_count_them():
     clear_flip = LabelScores(["a", "b"], torch.tensor([[0.0, -0.01], [-1.0, 0.0], [-1.0, 0.0]]))
     with pytest.raises(AssertionError, match="1 of 3 predictions differ; first: item 1"):
         assert_agrees(reference, clear_flip, atol=5e-2, near_ties=True)
+    with pytest.raises(AssertionError, match="first: row 17 'a' \\(reference\\) vs 'b'"):
+        assert_agrees(reference, clear_flip, atol=5e-2, near_ties=True, item_names=["row 3", "row 17", "row 40"])
 
 
 def test_label_checks_need_no_tokenizer():
     from helpers.scoring import check_labels
 
     assert check_labels(("refund request", "bug report")) == ["refund request", "bug report"]
-    for labels, message in (([], "empty"), (["a", "a"], "duplicate labels: 'a'"), (["a", None], "label #1")):
+    for labels, message in (([], "has 0 label"), (["a", "a"], "duplicate labels: 'a'"), (["a", None], "label #1")):
         with pytest.raises(ValueError, match=message):
             check_labels(labels)
