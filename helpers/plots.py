@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -27,8 +28,10 @@ def bench_caption(frame) -> str:
 def finish(fig, info, path: str | Path) -> Path:
     """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG."""
     text = info if isinstance(info, str) else caption(info)
-    fig.text(0.01, 0.005, text, fontsize=8, color="0.35", ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
+    lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.04 * len(lines), 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
@@ -163,8 +166,10 @@ def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png
     for i, (name, n) in enumerate(marks.items()):
         rate = profile.tokens_per_s(n)
         ax.axvline(n, color=f"C{i + 1}", lw=1, ls=":")
+        right = n > max(tokens) / 2  # label the right-hand marks on their left, inside the axes
         ax.annotate(f"{name}\n{n} tokens: {rate:.0f}/s ({rate / profile.peak_tokens_per_s:.0%} of peak)", (n, rate),
-                    textcoords="offset points", xytext=(5, -28 - 22 * i), fontsize=8, color=f"C{i + 1}")
+                    textcoords="offset points", xytext=(-5 if right else 5, -28 - 22 * i), fontsize=8,
+                    color=f"C{i + 1}", ha="right" if right else "left")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per forward call (rows x tokens)")
     ax.set_ylabel("throughput (tokens / s)")
