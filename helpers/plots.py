@@ -25,6 +25,11 @@ def bench_caption(frame) -> str:
             f"n={first['n']}, {first['shots']} shots")
 
 
+def set_title(ax, text: str) -> None:
+    """A computed title, wrapped to the axes' figure width so it is never cut off."""
+    ax.set_title(textwrap.fill(text, width=int(ax.figure.get_figwidth() * 11)), fontsize=10)
+
+
 def finish(fig, info, path: str | Path) -> Path:
     """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG."""
     text = info if isinstance(info, str) else caption(info)
@@ -50,7 +55,7 @@ def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: 
     ax.plot(curve["coverage"] * 100, curve["accuracy"] * 100, marker=".")
     ax.set_xlabel("coverage: tickets classified automatically (%)")
     ax.set_ylabel("accuracy on those tickets (%)")
-    ax.set_title(title or _coverage_title(curve))
+    set_title(ax, title or _coverage_title(curve))
     ax.set_xlim(0, 102)
     ax.grid(alpha=0.3)
     return fig, finish(fig, caption(info, profile), path)
@@ -67,7 +72,7 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_xlabel("static prefix length (tokens)")
     ax.set_ylabel("speedup with the prefix cache (x)")
     first, last = frame.sort_values("prefix_tokens").iloc[[0, -1]].itertuples()
-    ax.set_title(title or f"Prefix cache: {first.speedup:.2f}x at {first.prefix_tokens} prefix tokens, "
+    set_title(ax, title or f"Prefix cache: {first.speedup:.2f}x at {first.prefix_tokens} prefix tokens, "
                           f"{last.speedup:.2f}x at {last.prefix_tokens}")
     ax.grid(alpha=0.3)
     return fig, finish(fig, caption(info, profile), path)
@@ -104,8 +109,8 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     ax.set_xlabel("batch size (rows; token budget: rows x median length)")
     ax.set_ylabel("throughput (tickets / s)")
     top = frame.sort_values("items_per_s").iloc[-1]
-    ax.set_title(title or f"Throughput against batch size: best {STRATEGY_LABELS.get(top.strategy, top.strategy)}"
-                          f" ({top.dtype}, batch {int(top.batch_size)}), {top.items_per_s:.2f} tickets/s")
+    set_title(ax, title or f"Throughput against batch size: best {STRATEGY_LABELS.get(top.strategy, top.strategy)}"
+                          f" ({top['dtype']}, batch {int(top['batch_size'])}), {top['items_per_s']:.2f} tickets/s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return fig, finish(fig, bench_caption(frame), path)
@@ -118,7 +123,7 @@ def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strate
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
     share = padding.set_index("strategy")["padding_fraction"]
-    ax.set_title(title or f"Padding: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
+    set_title(ax, title or f"Padding: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
                           f"arbitrary order {share.get('arbitrary', float('nan')):.1%}")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption_text, path)
@@ -133,7 +138,7 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
     ax.invert_yaxis()
     ax.set_xlabel("speedup over the float32 constrained loop (x)")
     top = ladder.sort_values("speedup").iloc[-1]
-    ax.set_title(title or f"The technique ladder: best step '{top.step}' at {top.speedup:.2f}x the loop")
+    set_title(ax, title or f"The technique ladder: best step '{top.step}' at {top.speedup:.2f}x the loop")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption_text, path)
 
@@ -147,8 +152,8 @@ def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None
     ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
     ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
     top = best.sort_values("roof_fraction").iloc[-1]
-    ax.set_title(title or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
-                          f"({STRATEGY_LABELS.get(top.strategy, top.strategy)}, {top.dtype})")
+    set_title(ax, title or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
+                          f"({STRATEGY_LABELS.get(top['strategy'], top['strategy'])}, {top['dtype']})")
     ax.tick_params(axis="x", labelsize=7)
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, bench_caption(frame), path)
@@ -178,7 +183,7 @@ def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png
         title = f"Prefill: {first[0]} runs at {profile.tokens_per_s(first[1]) / profile.peak_tokens_per_s:.0%} of the peak"
         if rest:
             title += f", {rest[-1][0]} at {profile.tokens_per_s(rest[-1][1]) / profile.peak_tokens_per_s:.0%}"
-    ax.set_title(title, fontsize=10)
+    set_title(ax, title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
