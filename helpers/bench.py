@@ -23,7 +23,7 @@ from .batching import score_batched
 from .data import LABELS, build_prompt, encode_prompt, few_shot_examples, make_tickets
 from .models import load_model
 from .prefix_cache import PrefixCache
-from .profile import machine_profile
+from .profile import machine_profile, matmul_gflops, roof_shape
 from .scoring import LabelScorer, LabelScores, agreement, generate_answer, parse_label
 
 # name -> (batching strategy, uses the prefix cache)
@@ -52,30 +52,10 @@ def non_embedding_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-@torch.inference_mode()
-def matmul_roof(model, dtype: torch.dtype, tokens: int = 256, repeats: int = 5) -> float:
-    """Measured FLOP/s of one MLP-sized matmul (tokens x hidden @ hidden x intermediate) in ``dtype``."""
-    device = model.device
-    hidden, inner = model.config.hidden_size, model.config.intermediate_size
-    a = torch.randn(tokens, hidden, device=device, dtype=dtype)
-    b = torch.randn(hidden, inner, device=device, dtype=dtype)
-    a @ b  # warm-up: first calls pick kernels
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        _sync(device)
-        best = min(best, (time.perf_counter() - start) / 4)
-    return 2 * tokens * hidden * inner / best
+def matmul_roof(model, dtype: torch.dtype) -> float:
+    """Measured FLOP/s of the model's MLP matmul in ``dtype`` (the profile's measurement, for a dtype it lacks)."""
+    gflops = matmul_gflops(model.device, dtype, roof_shape(model, model.device))
+    return gflops * 1e9 if gflops else float("nan")
 
 
 # --- peak memory ---------------------------------------------------------------------------------------
