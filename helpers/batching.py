@@ -115,8 +115,8 @@ def score_batched(
     """Label scores for every prompt, in input order, plus timing and padding accounting in ``.info``.
 
     With ``prefix`` (a ``PrefixCache``) only each prompt's tokens after the prefix are run; the
-    prefix is shared by every row of every batch, and a token budget counts it in every row (and every row
-    once per multi-token label, as the label continuations run them). A prompt
+    prefix is shared by every row of every batch, and a token budget counts it in every row, as it does the
+    label continuations appended to every row. A prompt
     whose split is not token-clean runs with its full prompt instead (``unclean="full"``, the default;
     ``.info["full_prompt_items"]`` lists them) or stops the run (``unclean="raise"``). A prompt that does
     not start with the prefix at all always stops it: the cache was built for other prompts.
@@ -143,14 +143,12 @@ def score_batched(
         (list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)) if items]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     real = processed = n_batches = 0
-    # The label continuations hold one copy of each row per multi-token label: the budget covers that peak.
-    copies = len(scorer.multi) if scorer.needs_continuation else 1
-    rows_budget = max(1, token_budget // copies) if token_budget else token_budget
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
         for items, rows, group_prefix in groups:
             lengths = [len(row) for row in rows]
-            overhead = group_prefix.length if group_prefix is not None else 0
-            batches = plan_batches(lengths, strategy, batch_size, rows_budget, tokens_per_row=overhead)
+            # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
+            overhead = len(scorer.tail) + (group_prefix.length if group_prefix is not None else 0)
+            batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=overhead)
             for batch in batches:
                 # Scores go back to their input slots: batches run in sorted order.
                 scores[[items[j] for j in batch]] = label_log_probs(

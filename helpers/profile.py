@@ -360,7 +360,7 @@ class PlannedRun:
 
 def continuation_tokens(scorer) -> int:
     """Label tokens a scorer runs after each prompt (0 on the first-token path)."""
-    return int(scorer.cont_inputs.numel()) if scorer.needs_continuation else 0
+    return len(scorer.tail)
 
 
 def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
@@ -375,11 +375,9 @@ def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
         batches = plan_batches(lengths, run.strategy, run.batch_size, run.token_budget, tokens_per_row=run.prefix_tokens)
         seconds = 0.0
         for batch in batches:
-            width = max(lengths[i] for i in batch)
+            width = max(lengths[i] for i in batch) + run.continuation
             # Cached-prefix tokens are not recomputed, but every row still attends to them: count a quarter.
             seconds += profile.forward_seconds(len(batch) * (width + run.prefix_tokens / 4))
-            if run.continuation:
-                seconds += profile.forward_seconds(len(batch) * run.continuation)
         if run.new_tokens > 1:
             seconds += len(lengths) * (run.new_tokens - 1) / profile.decode[1]
         total += seconds * run.repeats * run.slowdown

@@ -2,8 +2,9 @@
 
 A label's score is the log-probability the model gives to the label's tokens right after the prompt:
 ``log p(t1 | prompt) + log p(t2 | prompt, t1) + ...``. When every label is one token, that is just
-the last position's logits (the first-token shortcut, exact). Otherwise the label continuations run
-on top of the prompt's KV cache, all labels at once, so the prompt is processed only once.
+the last position's logits (the first-token shortcut, exact). Otherwise the multi-token labels' later tokens
+are appended after the prompt in the same forward pass, each label a branch that sees the prompt but not the
+other labels, so the prompt is processed once and there is one forward per batch.
 
 Every optimized path in the series (prefix cache, batching) goes through ``label_log_probs`` and is
 checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
@@ -20,7 +21,6 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 
 from .data import encode_prompt
 
@@ -75,21 +75,30 @@ class LabelScorer:
         self.method = method
         self.normalize = normalize
         self.lengths = torch.tensor([len(ids) for ids in self.token_ids])
-        # Continuations of the multi-token labels: inputs t1..t(k-1) predict targets t2..tk.
+        # The multi-token labels' continuations, appended after every row in the prompt's own forward pass:
+        # label tokens t1..t(k-1) are inputs that predict t2..tk. Several labels form a tree (branches that all
+        # attend to the row, never to each other); one label is a plain append.
         self.multi = [i for i, ids in enumerate(self.token_ids) if len(ids) > 1]
-        width = max((len(self.token_ids[i]) - 1 for i in self.multi), default=0)
-        self.cont_inputs = torch.zeros((len(self.multi), width), dtype=torch.long)
-        self.cont_targets = torch.zeros((len(self.multi), width), dtype=torch.long)
-        self.cont_mask = torch.zeros((len(self.multi), width), dtype=torch.bool)
-        for row, i in enumerate(self.multi):
+        tail, targets, label_of, offsets = [], [], [], []
+        for i in self.multi if method == "sequence" else []:
             ids = self.token_ids[i]
-            self.cont_inputs[row, : len(ids) - 1] = torch.tensor(ids[:-1])
-            self.cont_targets[row, : len(ids) - 1] = torch.tensor(ids[1:])
-            self.cont_mask[row, : len(ids) - 1] = True
+            tail += ids[:-1]
+            targets += ids[1:]
+            label_of += [i] * (len(ids) - 1)
+            offsets += range(len(ids) - 1)
+        self.tail = tail
+        self.tail_targets = torch.tensor(targets, dtype=torch.long)
+        self.tail_label = torch.tensor(label_of, dtype=torch.long)
+        self.tail_offsets = torch.tensor(offsets, dtype=torch.long)
 
     @property
     def needs_continuation(self) -> bool:
-        return self.method == "sequence" and bool(self.multi)
+        return bool(self.tail)
+
+    @property
+    def is_tree(self) -> bool:
+        """Several multi-token labels: their branches need a 4D mask so that none sees another."""
+        return self.method == "sequence" and len(self.multi) > 1
 
     def describe(self) -> str:
         tokens = ", ".join(f"{lab}={len(ids)}" for lab, ids in zip(self.labels, self.token_ids))
@@ -146,6 +155,21 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return input_ids, attention_mask
 
 
+def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask (rows, 1, width, past + width): causal over each row's real tokens, the prefix visible to
+    all, and each label branch seeing the row and its own earlier tokens but no other branch."""
+    batch, width = mask.shape
+    tail = len(scorer.tail)
+    real = mask.bool()
+    allowed = torch.ones((width, width), dtype=torch.bool).tril() & real[:, None, :]
+    branch = scorer.tail_label
+    # Among the tail positions, only the same branch (and, by the causal part, earlier tokens) is visible.
+    allowed[:, width - tail:, width - tail:] &= branch[:, None] == branch[None, :]
+    allowed = torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
+    # A large negative number, not -inf: a padding row that sees nothing then stays finite (and unused).
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
 @torch.inference_mode()
 def label_log_probs(
     model,
@@ -154,66 +178,47 @@ def label_log_probs(
     pad_id: int,
     prefix=None,
 ) -> torch.Tensor:
-    """Label log-probs (n_rows, n_labels) for token rows, in one forward pass (+ one for continuations).
+    """Label log-probs (n_rows, n_labels) for token rows, in one forward pass.
 
     ``rows`` are full prompts, or only the part after ``prefix`` (a ``PrefixCache``) when given.
     Rows are left-padded; explicit position ids keep every real token at the position it has
     unbatched, so padding changes no position (the agreement checks decide whether it changed logits).
+    Multi-token labels ride along in the same pass: their tokens are appended after each row (``scorer.tail``),
+    positioned right after the row's last token, and the logits of the last ``1 + len(tail)`` positions give
+    every label token's log-prob. Only those few numbers per row leave the device.
     """
     device = model.device
-    input_ids, mask = pad_left(rows, pad_id)
-    batch = len(rows)
+    tail = len(scorer.tail)
+    input_ids, mask = pad_left([[*row, *scorer.tail] for row in rows], pad_id)
+    batch, width = input_ids.shape
     past_length = prefix.length if prefix is not None else 0
     positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
-    if prefix is not None:
-        mask = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
-    if prefix is not None:
-        cache = prefix.cache_for_batch(batch)
+    if tail:  # every branch restarts right after the row's last token
+        last = positions[:, width - tail - 1]
+        positions[:, width - tail:] = last[:, None] + 1 + scorer.tail_offsets
+    if scorer.is_tree:
+        attention = _tree_mask(mask, scorer, past_length, model.dtype)
+    elif prefix is not None:
+        attention = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
     else:
-        cache = DynamicCache(config=model.config) if scorer.needs_continuation else None
+        attention = mask
     out = model(
         input_ids=input_ids.to(device),
-        attention_mask=mask.to(device),
+        attention_mask=attention.to(device),
         position_ids=positions.to(device),
-        cache=cache,
-        use_cache=scorer.needs_continuation,
-        logits_to_keep=1,  # only the last position: a (rows x length x vocab) logits tensor would be huge
+        cache=prefix.cache_for_batch(batch) if prefix is not None else None,
+        use_cache=False,
+        logits_to_keep=1 + tail,  # only these positions: a (rows x length x vocab) logits tensor would be huge
     )
-    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-    scores = first[:, scorer.first_ids].cpu()
-    if scorer.needs_continuation:
-        scores += _continuation_log_probs(model, scorer, out.cache, mask, positions[:, -1])
+    logp = torch.log_softmax(out.logits.float(), dim=-1)
+    # Gather the label tokens on the device: (rows x labels) numbers travel to the host, not the vocabulary.
+    scores = logp[:, 0, scorer.first_ids].cpu()
+    if tail:
+        picked = logp[:, 1:].gather(-1, scorer.tail_targets.to(device).expand(batch, -1)[..., None])
+        scores.index_add_(1, scorer.tail_label, picked[..., 0].cpu())
     if scorer.normalize:
         scores = scores / scorer.lengths
     return scores
-
-
-def _continuation_log_probs(model, scorer, cache, mask, last_positions) -> torch.Tensor:
-    """Log-probs of the multi-token labels' later tokens, all labels of all rows in one batch."""
-    device = model.device
-    batch, n_multi = mask.shape[0], len(scorer.multi)
-    width = scorer.cont_inputs.shape[1]
-    if n_multi > 1:
-        cache.batch_repeat_interleave(n_multi)  # row b's cache serves its n_multi continuations
-    inputs = scorer.cont_inputs.repeat(batch, 1)
-    positions = last_positions.repeat_interleave(n_multi)[:, None] + 1 + torch.arange(width)
-    # Continuations are right-padded: causal attention keeps the padding out of the real positions.
-    cont_mask = torch.cat([mask.repeat_interleave(n_multi, dim=0), torch.ones_like(inputs)], dim=-1)
-    out = model(
-        input_ids=inputs.to(device),
-        attention_mask=cont_mask.to(device),
-        position_ids=positions.to(device),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=width,
-    )
-    logp = torch.log_softmax(out.logits.float(), dim=-1)
-    targets = scorer.cont_targets.repeat(batch, 1).to(device)
-    # Gather the label tokens on the device: only (rows x width) numbers travel to the host, not the vocabulary.
-    picked = logp.gather(-1, targets[..., None]).squeeze(-1).cpu() * scorer.cont_mask.repeat(batch, 1)
-    extra = torch.zeros((batch, len(scorer.labels)))
-    extra[:, scorer.multi] = picked.sum(-1).view(batch, n_multi)
-    return extra
 
 
 def score_one_by_one(

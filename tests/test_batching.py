@@ -65,28 +65,32 @@ def test_a_token_budget_counts_the_cached_prefix_in_every_row(embedded, tickets,
     prompts = prompts_for(tokenizer, tickets["text"][:12], few_shot)
     cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
     suffixes = [len(cache.split(p)) for p in prompts]
-    budget = 4 * (cache.length + max(suffixes))
+    per_row = cache.length + len(scorer.tail)  # the prefix's keys and values, and the label continuations
+    budget = 4 * (per_row + max(suffixes))
     result = score_batched(model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, prefix=cache,
                            progress=False)
-    plan = plan_batches(suffixes, "token_budget", token_budget=budget, tokens_per_row=cache.length)
+    plan = plan_batches(suffixes, "token_budget", token_budget=budget, tokens_per_row=per_row)
     assert result.info["n_batches"] == len(plan) == 3, "4 rows of (prefix + longest suffix) fit the budget"
     assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), \
         "counting suffixes alone would pack more rows than the budget holds"
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
-def test_a_token_budget_counts_one_copy_of_each_row_per_multi_token_label(tiny_qwen, tickets):
-    """The label continuations run every row once per multi-token label: that is the batch's peak."""
+def test_a_token_budget_counts_the_label_continuations_in_every_row(tiny_qwen, tickets):
+    """Multi-token labels append their continuation tokens to every row: the budget holds them too."""
     model, tokenizer, _ = tiny_qwen
     labels = ["bug report", "refund request", "billing question about refunds"]
     scorer = LabelScorer(tokenizer, labels)
+    assert len(scorer.tail) >= 3
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:12]]
     lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
     budget = 4 * max(lengths)
     result = score_batched(model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, progress=False)
-    assert result.info["n_batches"] == len(plan_batches(lengths, "token_budget", token_budget=budget // 3))
-    assert result.info["n_batches"] > len(plan_batches(lengths, "token_budget", token_budget=budget)), \
-        "counting each row once would pack three times what the continuation pass holds"
+    plan = plan_batches(lengths, "token_budget", token_budget=budget, tokens_per_row=len(scorer.tail))
+    assert result.info["n_batches"] == len(plan)
+    for batch in plan:
+        assert len(batch) == 1 or len(batch) * (max(lengths[i] for i in batch) + len(scorer.tail)) <= budget
+    assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
 STRATEGY_CASES = [

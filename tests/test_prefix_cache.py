@@ -69,11 +69,11 @@ def test_every_call_gets_its_own_cache_holding_the_prefix_alone(embedded):
     assert wide.layers[0].keys.shape[0] == 3 and wide.get_seq_length() == cache.length
 
 
-@pytest.mark.parametrize("fail_on_call", [1, 2], ids=["prompt_forward", "label_continuation_forward"])
+@pytest.mark.parametrize("fail_on_call", [1, 2], ids=["first_ticket", "second_ticket"])
 def test_an_interrupted_forward_changes_no_later_result(embedded, tickets, fail_on_call):
     """Ctrl-C (or out of memory) halfway through the layers must not leave a longer or wider cache behind."""
     model, tokenizer, _ = embedded
-    labels = ["bug report", "refund request", "billing question about refunds"]  # continuations widen the cache
+    labels = ["bug report", "refund request", "billing question about refunds"]  # a tree of label continuations
     scorer = LabelScorer(tokenizer, labels)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:4]]
     cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)

@@ -59,7 +59,8 @@ def test_estimates_charge_padding_and_per_call_costs():
     ordered = estimate_runs(profile, [PlannedRun(lengths, "sorted", 2)])
     assert ordered < arbitrary, "sorted batches pad less, so they must be estimated cheaper"
     with_labels = estimate_runs(profile, [PlannedRun(lengths, continuation=1)])
-    assert with_labels == pytest.approx(loop + len(lengths) * (0.01 + 0.001)), "one extra call per row"
+    # Label continuations ride in the same call: a token more per row, never another call's fixed cost.
+    assert loop < with_labels < loop + len(lengths) * 0.01 / 2
     generated = estimate_runs(profile, [PlannedRun(lengths, new_tokens=5)])
     assert generated == pytest.approx(loop + len(lengths) * 4 / 50.0)
 

@@ -81,11 +81,11 @@ def test_constrained_scores_equal_the_slow_full_forward_on_every_ticket(any_mode
 
 
 def test_several_multi_token_labels_are_scored_together(embedded, tickets):
-    """More than one multi-token label: the continuation batch repeats each row's cache."""
+    """More than one multi-token label: each is a branch after the prompt that no other branch sees."""
     model, tokenizer, _ = embedded
     labels = ["billing", "refund", "invoice", "technical"]
     scorer = LabelScorer(tokenizer, labels)
-    assert len(scorer.multi) == 3
+    assert len(scorer.multi) == 3 and scorer.is_tree
     prompts = prompts_for(tokenizer, tickets["text"][:6])
     fast = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
