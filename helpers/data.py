@@ -231,3 +231,8 @@ def build_prompt(
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """Token ids of a templated prompt. The template already holds the special tokens."""
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def encode_prompts(tokenizer, prompts) -> list[list[int]]:
+    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads)."""
+    return tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if len(prompts) else []

@@ -4,9 +4,11 @@ Every prompt starts with the same text (system instruction, few-shot turns, the 
 turn). ``PrefixCache`` runs that prefix through the model once, keeps its keys and values in a
 transformers ``DynamicCache``, and from then on each ticket costs only its own tokens.
 
-The split must be token-clean: prefix tokens + suffix tokens must equal the whole prompt's tokens,
-or the model would see a different input than the plain path. ``PrefixCache.split`` refuses any
-prompt where that does not hold (``UncleanSplitError``); ``score_batched`` then runs that prompt in full.
+The split must be token-clean: the whole prompt's tokens must start with exactly the prefix's tokens, or
+the model would see a different input than the plain path. Each prompt is tokenized once, whole, and cut
+after the prefix's tokens, so the cached path runs exactly the plain path's tokens. ``PrefixCache.split``
+refuses any prompt where that does not hold (``UncleanSplitError``); ``score_batched`` then runs that
+prompt in full.
 """
 
 from __future__ import annotations
@@ -74,21 +76,22 @@ class PrefixCache:
         """The cache for every prompt ``build_prompt(tokenizer, ticket, **prompt_options)`` makes."""
         return cls(model, tokenizer, find_prefix_text(tokenizer, **prompt_options))
 
-    def split(self, prompt: str, index: int | None = None) -> list[int]:
-        """The prompt's own tokens after the prefix; refuses a prompt the cache does not fit."""
+    def split(self, prompt: str, index: int | None = None, ids: Sequence[int] | None = None) -> list[int]:
+        """The prompt's own tokens after the prefix; refuses a prompt the cache does not fit.
+
+        ``ids``: the whole prompt's tokens, when the caller has them already (one batched tokenizer call).
+        """
         where = f"prompt #{index}" if index is not None else "prompt"
         if not prompt.startswith(self.text):
             raise PromptSplitError(f"{where} does not start with the cached prefix: rebuild the cache")
-        whole = encode_prompt(self.tokenizer, prompt)
-        suffix = encode_prompt(self.tokenizer, prompt[len(self.text):])
-        if whole[: self.length] != self.ids or whole[self.length:] != suffix:
+        whole = list(ids) if ids is not None else encode_prompt(self.tokenizer, prompt)
+        if whole[: self.length] != self.ids:
             raise UncleanSplitError(
-                f"{where} is not token-clean at the prefix boundary: prefix + suffix tokens differ "
-                "from the whole prompt's tokens"
+                f"{where} is not token-clean at the prefix boundary: its tokens do not start with the prefix's tokens"
             )
-        if not suffix:
+        if len(whole) == self.length:
             raise PromptSplitError(f"{where} has no tokens after the prefix")
-        return suffix
+        return whole[self.length:]
 
     def cache_for_batch(self, batch_size: int) -> DynamicCache:
         """A fresh cache holding the prefix for ``batch_size`` rows, ready for their suffixes.

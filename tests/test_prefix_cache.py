@@ -123,3 +123,25 @@ def test_prefix_tensors_survive_any_number_of_uses(embedded, tickets):
     for strategy, batch_size in (("loop", 1), ("sorted", 4)):
         score_batched(model, tokenizer, scorer, prompts, strategy, batch_size=batch_size, prefix=cache, progress=False)
     assert all(torch.equal(k, bk) and torch.equal(v, bv) for (k, v), (bk, bv) in zip(cache.layers, before))
+
+
+def test_every_prompt_is_tokenized_once_in_one_call(embedded, tickets):
+    """The split cuts the whole prompt's ids; tokenizing prefix and suffix text again is not needed."""
+    model, tokenizer, _ = embedded
+    cache = PrefixCache.for_prompts(model, tokenizer)
+    prompts = [build_prompt(tokenizer, text) for text in tickets["text"][:6]]
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text, **kwargs):
+            calls.append(len(text) if isinstance(text, list) else 1)
+            return tokenizer(text, **kwargs)
+
+    scorer = LabelScorer(tokenizer, LABELS)
+    result = score_batched(model, Counting(), scorer, prompts, "sorted", batch_size=3, prefix=cache, progress=False)
+    assert calls == [len(prompts)], "one tokenizer call holding every prompt"
+    assert 0 < result.info["tokenize_seconds"] < result.info["seconds"]
+    assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
