@@ -54,6 +54,7 @@ class ModelInfo:
     device: str
     threads: int
     fallback_reason: str | None = None
+    attention: str = "sdpa"  # transformers' attention implementation the model runs
 
     @property
     def timing_only(self) -> bool:
@@ -224,14 +225,19 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     verbose: bool = True,
+    attention: str | None = "auto",
 ):
     """Load ``(model, tokenizer, info)`` ready for inference.
 
     ``name``: a hub id or local path, ``"embedded"`` for the bundled SmolLM2-135M-Instruct, or a
     ``"twin:..."`` random-weight architecture (timing only). Default: ``$SLM_MODEL``, else
     Qwen2.5-0.5B-Instruct, else (not cached and no network) the embedded model, said in one line.
+    ``attention``: ``"auto"`` is ``sdpa``, except grouped-query models on CPU get ``sdpa_gqa`` (see
+    ``helpers.attention``); a name (``"sdpa"``, ``"eager"``) forces it; None keeps what transformers picked.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .attention import use_gqa_attention
 
     resolved, reason = resolve_name(name)
     device = pick_device(device)
@@ -264,6 +270,10 @@ def load_model(
         source = "local path" if local else ("hub cache" if kwargs else "hub")
 
     model.eval()
+    if attention == "auto":
+        use_gqa_attention(model)  # grouped-query models on CPU: no per-head copies of keys and values
+    elif attention is not None:
+        model.set_attn_implementation(attention)
     info = ModelInfo(
         name=shown,
         source=source,
@@ -272,6 +282,7 @@ def load_model(
         device=str(device),
         threads=threads,
         fallback_reason=reason,
+        attention=model.config._attn_implementation,
     )
     return model, prepare_tokenizer(tokenizer), info
 
