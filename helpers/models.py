@@ -72,12 +72,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SLM_CACHE_DIR", Path.home() / ".cache" / "slm-course"))
 
 
-def cpu_threads() -> int:
-    """Cores this process may use (respects CPU affinity, unlike ``os.cpu_count``)."""
+def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
+    """Physical cores this process may use: one thread per core, not per SMT sibling.
+
+    Two hyper-threads share one core's vector units, so a second matmul thread per core only competes for
+    them. Respects CPU affinity (``taskset``), unlike ``os.cpu_count``. Where the topology cannot be read
+    (macOS, Windows), every CPU the OS reports.
+    """
     try:
-        return len(os.sched_getaffinity(0))
+        allowed = os.sched_getaffinity(0)
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+    cores = set()
+    for cpu in allowed:
+        where = Path(topology) / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((where / "physical_package_id").read_text().strip(), (where / "core_id").read_text().strip()))
+        except OSError:
+            return len(allowed)
+    return len(cores) or len(allowed)
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:

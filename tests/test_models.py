@@ -92,3 +92,18 @@ def test_converted_model_gives_the_gguf_models_logits(embedded, tmp_path):
     ids = torch.tensor([tokenizer("The app crashes when I open settings.")["input_ids"]])
     with torch.inference_mode():
         assert torch.allclose(original(ids).logits, converted(ids).logits, atol=1e-5)
+
+
+def test_threads_count_physical_cores_not_smt_siblings(monkeypatch, tmp_path):
+    # Four CPUs on two cores (each with its hyper-thread sibling), and a process allowed on three of them.
+    for cpu, core in enumerate([0, 0, 1, 1]):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(models.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert models.cpu_threads(tmp_path) == 2
+    monkeypatch.setattr(models.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert models.cpu_threads(tmp_path) == 1
+    # No topology to read: every allowed CPU.
+    assert models.cpu_threads(tmp_path / "missing") == 2
