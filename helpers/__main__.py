@@ -21,6 +21,7 @@ def add_bench_parser(commands) -> None:
     from .bench import (
         DEFAULT_BATCH_SIZES,
         DEFAULT_DTYPES,
+        DEFAULT_REPEATS,
         DEFAULT_STRATEGIES,
         EXTRA_STRATEGIES,
         STRATEGIES,
@@ -37,7 +38,12 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--dtypes", type=_csv_list(str), default=DEFAULT_DTYPES,
                        help="e.g. float32,bfloat16 (default: float32, plus bfloat16 unless this machine runs it below half "
                             "of float32's speed; naming a dtype forces it)")
-    bench.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median is reported")
+    bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                       help=f"timed runs per row, in alternating row order; median, min and max reported (default {DEFAULT_REPEATS})")
+    bench.add_argument("--compile", type=_csv_list(str), default=[],
+                       help="strategies that also get a torch.compile'd row, e.g. sorted_prefix (its warm-up includes compiling)")
+    bench.add_argument("--attention", default="auto",
+                       help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else sdpa), sdpa, eager")
     bench.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
     bench.add_argument("--csv", dest="csv_path", default=None, help="write the rows as CSV here")
@@ -50,13 +56,13 @@ def run_bench(args) -> int:
     frame = run_benchmark(
         args.model, n=args.n, style=args.style, shots=args.shots, strategies=args.strategies,
         batch_sizes=args.batch_sizes, dtypes=args.dtypes, repeats=args.repeats, device=args.device,
-        progress=not args.quiet,
+        progress=not args.quiet, attention=args.attention, compile=args.compile,
     )
-    columns = ["strategy", "batch_size", "dtype", "items_per_s", "speedup_vs_loop", "padding_fraction",
-               "agreement", "max_abs_diff", "roof_fraction", "peak_memory_mb"]
+    columns = ["strategy", "batch_size", "dtype"] + (["compiled", "warmup_s"] if args.compile else []) + ["items_per_s", "items_per_s_min", "items_per_s_max", "speedup_vs_loop",
+               "tokenize_share", "padding_fraction", "agreement", "max_abs_diff", "roof_fraction", "peak_memory_mb"]
     first = frame.iloc[0]
-    print(f"{first.model} · {first.device} · {first.threads} threads · n={first.n} · {first.shots} shots "
-          f"(prefix {first.prefix_tokens} tokens)" + (" · random weights: timing only" if first.timing_only else ""))
+    print(f"{first.model} · {first.device} · {first.threads} threads · {first.attention} attention · n={first.n} · "
+          f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats" + (" · random weights: timing only" if first.timing_only else ""))
     print(f"machine: {first.profile}")
     print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s")
     print(frame[[c for c in columns if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))

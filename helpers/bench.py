@@ -1,8 +1,23 @@
 """Benchmarks: every technique, batch size and dtype in one run, checked against the float32 loop (notebook 04).
 
-Each row of the result is one (strategy, batch size, dtype): median items/s over repeats after a warm-up,
-padding, agreement with the float32 one-at-a-time loop, peak memory, and the share of the machine's
-measured matmul throughput ("roof") that went into useful work.
+Each row of the result is one (strategy, batch size, dtype). Every row is warmed up once, then timed
+``repeats`` times; the repeats run the rows in alternating order (forwards, backwards, ...), so a machine
+that drifts (heat, a neighbour) spreads over all rows instead of favouring the first. A row reports the
+median, min and max items/s over its repeats (whole pipeline: tokenizing and forward passes), how much of
+that was tokenizing, padding, agreement with the float32 one-at-a-time loop, peak memory, and the share of
+the machine's measured matmul throughput ("roof") that went into useful work.
+
+**Useful work** is what the one-at-a-time loop must compute for a ticket beyond the cached prefix, counted
+in multiply-adds x 2, per ticket with s own tokens and c label-continuation tokens:
+
+- every transformer weight matrix (all parameters but the embeddings) on each of the s + c tokens;
+- attention: for a token that sees L earlier tokens (prefix included), q.k and p.v cost 4 x heads x head_dim
+  x L per layer; the i-th own token sees prefix + i, a continuation token the row and its own branch;
+- the output layer (hidden x vocabulary) at the 1 + c scored positions.
+
+Not useful: padding, the prefix (computed once, outside the timing), softmax, norms and the rest of the
+elementwise work. The roof is one matmul of the model's MLP shape, timed with ``torch.utils.benchmark``
+at a size that keeps the device busy (``profile.roof_shape``), so ``roof_fraction`` stays at or below 1.
 """
 
 from __future__ import annotations
@@ -20,7 +35,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .batching import score_batched
-from .data import LABELS, build_prompt, encode_prompt, few_shot_examples, make_tickets
+from .data import (
+    LABELS,
+    build_prompt,
+    encode_prompt,
+    encode_prompts,
+    few_shot_examples,
+    make_tickets,
+)
 from .models import load_model
 from .prefix_cache import PrefixCache
 from .profile import machine_profile, matmul_gflops, roof_shape
@@ -39,6 +61,7 @@ EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
 DEFAULT_BATCH_SIZES = (4, 16)
 DEFAULT_DTYPES = None  # float32, plus bfloat16 where the machine profile says it is not slow
+DEFAULT_REPEATS = 3
 
 
 # --- the machine's roof -----------------------------------------------------------------------------
@@ -50,6 +73,23 @@ def non_embedding_parameters(model) -> int:
     if model.get_output_embeddings() is not None:
         skip.add(id(model.get_output_embeddings().weight))
     return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+def useful_flops(model, lengths: Sequence[int], prefix_tokens: int, scorer: LabelScorer) -> float:
+    """FLOPs the loop must spend on these tickets beyond the cached prefix (see the module docstring)."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_key = 4 * config.num_hidden_layers * heads * head_dim  # q.k and p.v, per query token and key
+    weights = 2 * non_embedding_parameters(model)
+    output = 2 * config.hidden_size * config.vocab_size
+    tail = len(scorer.tail)
+    tail_keys = int(scorer.tail_offsets.sum()) + tail  # branch token k sees k earlier branch tokens and itself
+    total = 0.0
+    for s in lengths:
+        keys = s * prefix_tokens + s * (s + 1) / 2 + tail * (prefix_tokens + s) + tail_keys
+        total += weights * (s + tail) + per_key * keys + output * (1 + tail)
+    return total
 
 
 def matmul_roof(model, dtype: torch.dtype) -> float:
@@ -100,7 +140,10 @@ def peak_memory(device: torch.device):
 # --- the benchmark -----------------------------------------------------------------------------------
 
 
-def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, n: int) -> None:
+ATTENTION_CHOICES = (None, "auto", "sdpa", "sdpa_gqa", "eager")
+
+
+def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, n: int, attention=None) -> None:
     known = (*STRATEGIES, *EXTRA_STRATEGIES)
     unknown = [s for s in strategies if s not in known]
     if unknown:
@@ -111,6 +154,8 @@ def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: in
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
     if repeats < 1 or n < 1:
         raise ValueError(f"repeats and n must be >= 1, got repeats={repeats}, n={n}")
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"unknown attention {attention!r}: choose from {', '.join(map(str, ATTENTION_CHOICES[1:]))}")
 
 
 def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
@@ -118,21 +163,57 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
     parsed = [parse_label(generate_answer(model, tokenizer, p), reference.labels) for p in prompts]
     seconds = time.perf_counter() - start
     same = np.mean([label == ref for label, ref in zip(parsed, reference.predictions)])
-    return {"items_per_s": len(prompts) / seconds, "agreement": float(same), "max_abs_diff": np.nan,
-            "padding_fraction": 0.0, "unparseable": float(np.mean([p is None for p in parsed]))}
+    rate = len(prompts) / seconds
+    return {"items_per_s": rate, "items_per_s_min": rate, "items_per_s_max": rate, "tokenize_share": np.nan,
+            "agreement": float(same), "max_abs_diff": np.nan, "padding_fraction": 0.0,
+            "unparseable": float(np.mean([p is None for p in parsed]))}
 
 
-def _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference=None):
-    """Warm-up on one batch of the longest items (first calls allocate and pick kernels), then the
-    median of ``repeats`` timed runs. Returns the measurements (agreement of the last run with
-    ``reference``, or with itself when this run is the reference) and the last run's scores."""
-    longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])[: min(options["batch_size"], 8)]
-    score_batched(model, tokenizer, scorer, [prompts[i] for i in longest], **options)
-    runs = [score_batched(model, tokenizer, scorer, prompts, **options) for _ in range(repeats)]
-    seconds = statistics.median(run.info["seconds"] for run in runs)
-    measured = {"items_per_s": len(prompts) / seconds, **agreement(reference or runs[-1], runs[-1]),
-                "padding_fraction": runs[-1].info["padding_fraction"], "unparseable": 0.0}
-    return measured, runs[-1]
+def _plan(strategies: Sequence[str], batch_sizes: Sequence[int]) -> list[tuple[str, int]]:
+    """(strategy, batch size) rows: loop-style strategies once at batch 1, the others at every batch size."""
+    single = ("loop", "loop_prefix", "generate")
+    return ([(name, 1) for name in strategies if name in single]
+            + [(name, b) for name in strategies if name not in single for b in batch_sizes])
+
+
+def _timed_rows(tokenizer, scorer, prompts, configs, repeats, progress, desc):
+    """Warm up every config, then time them all ``repeats`` times in alternating order.
+
+    ``configs``: key -> (model, ``score_batched`` options, compiled). An eager config warms up on one batch of
+    the longest prompts (first calls allocate and pick kernels); a compiled one on a full pass, which is when
+    torch.compile builds its kernels for the shapes the run meets. Returns, per config, its runs'
+    ``LabelScores``, the peak memory over its runs and its warm-up seconds.
+    """
+    runs = {key: [] for key in configs}
+    memory = dict.fromkeys(configs, 0.0)
+    warmup = {}
+    longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    for key, (model, options, compiled) in configs.items():
+        start = time.perf_counter()
+        subset = prompts if compiled else [prompts[i] for i in longest[: min(options["batch_size"], 8)]]
+        score_batched(model, tokenizer, scorer, subset, **options)
+        warmup[key] = time.perf_counter() - start
+    keys = list(configs)
+    with tqdm(total=repeats * len(keys), desc=desc, disable=not progress) as bar:
+        for repeat in range(repeats):
+            for key in keys if repeat % 2 == 0 else keys[::-1]:
+                model, options, _ = configs[key]
+                with peak_memory(model.device) as peak:
+                    runs[key].append(score_batched(model, tokenizer, scorer, prompts, **options))
+                memory[key] = max(memory[key], peak["mb"])
+                bar.update()
+    return runs, memory, warmup
+
+
+def _summarise(runs: list[LabelScores], reference: LabelScores) -> dict:
+    rates = [run.info["items_per_s"] for run in runs]
+    seconds = [run.info["seconds"] for run in runs]
+    tokenize = [run.info["tokenize_seconds"] for run in runs]
+    n = runs[0].info["n"]
+    return {"items_per_s": n / statistics.median(seconds), "items_per_s_min": min(rates),
+            "items_per_s_max": max(rates), "tokenize_share": statistics.median(tokenize) / statistics.median(seconds),
+            **agreement(reference, runs[-1]), "padding_fraction": runs[-1].info["padding_fraction"],
+            "unparseable": 0.0}
 
 
 def run_benchmark(
@@ -143,10 +224,12 @@ def run_benchmark(
     strategies: Sequence[str] = DEFAULT_STRATEGIES,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     dtypes: Sequence[str] | None = DEFAULT_DTYPES,
-    repeats: int = 1,
+    repeats: int = DEFAULT_REPEATS,
     device: str | None = None,
     seed: int = 0,
     progress: bool = True,
+    attention: str | None = "auto",
+    compile: Sequence[str] = (),
 ) -> pd.DataFrame:
     """One row per (strategy, batch size, dtype); agreement is measured against the float32 loop.
 
@@ -154,10 +237,16 @@ def run_benchmark(
     has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
     ``dtypes=None`` runs float32, plus bfloat16 unless the machine profile measured its matmul below half
     of float32's (a line says so); a list runs exactly those. Every row records the machine profile, and
-    the roof is the profile's matmul throughput in the row's dtype.
+    the roof is the profile's matmul throughput in the row's dtype. ``attention`` goes to ``load_model``.
+    ``compile``: strategies that also get a row run through ``torch.compile`` (``compiled`` column; the float32
+    reference loop stays eager). Its ``warmup_s`` includes the compiling, so a reader can weigh it against the
+    seconds it saves per run.
     """
-    _validate(strategies, batch_sizes, repeats, n)
-    model, _, info = load_model(model_name, dtype="float32", device=device, verbose=True)
+    _validate(strategies, batch_sizes, repeats, n, attention)
+    not_run = [name for name in compile if name not in strategies or name == "generate"]
+    if not_run:
+        raise ValueError(f"cannot compile {not_run}: name strategies of this run (not generate)")
+    model, _, info = load_model(model_name, dtype="float32", device=device, verbose=True, attention=attention)
     profile = machine_profile(model, info, verbose=progress)
     skipped: list[str] = []
     if dtypes is None:
@@ -168,66 +257,74 @@ def run_benchmark(
     texts = make_tickets(n, seed=seed, style=style)["text"].tolist()
     rows: list[dict] = []
     reference: LabelScores | None = None
+    loop_rate = None
     # float32 first: its loop is the reference every other row is compared with.
     ordered = sorted(dict.fromkeys(dtypes), key=lambda d: d != "float32")
     if "float32" not in ordered:
         ordered.insert(0, "float32")
     for dtype in ordered:
-        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False)
+        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)
         examples = few_shot_examples(shots)
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
         scorer = LabelScorer(tokenizer, LABELS)
         prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        lengths = [len(encode_prompt(tokenizer, p)) for p in prompts]
-        # Useful work: the tickets' own tokens through the non-embedding weights (not padding, not the prefix).
-        useful_flops = 2 * non_embedding_parameters(model) * (sum(lengths) - prefix.length * len(prompts))
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+        useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
-        options = dict(strategy="loop", batch_size=1, token_budget=None, prefix=None, progress=False)
-        if reference is None:  # the float32 loop: the reference, and the "loop" row's timing
-            with peak_memory(model.device) as loop_memory:
-                loop_measured, reference = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats)
-        if dtype not in dtypes:
-            continue
-        plan = [(name, 1) for name in strategies if name in ("loop", "loop_prefix", "generate")]
-        plan += [(name, b) for name in strategies if name not in ("loop", "loop_prefix", "generate") for b in batch_sizes]
-        for name, batch_size in tqdm(plan, desc=f"benchmark {dtype}", disable=not progress):
-            budget = None
+        plan = _plan(strategies, batch_sizes) if dtype in dtypes else []
+        compiled_model = None
+        if any(name in compile for name, _ in plan):
+            compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]
+            compiled_model.forward = torch.compile(compiled_model.forward, dynamic=True)
+        configs = {}
+        for name, batch_size in plan:
             if name == "generate":
-                if dtype != "float32":
-                    continue
-                with peak_memory(model.device) as memory:
+                continue
+            strategy, uses_prefix = STRATEGIES[name]
+            budget = int(batch_size * np.median(lengths)) if strategy == "token_budget" else None
+            for compiled in (False, True) if name in compile else (False,):
+                row_model = compiled_model if compiled else model
+                options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget, progress=False,
+                               prefix=prefix if uses_prefix else None)
+                configs[name, batch_size, compiled] = (row_model, options, compiled)
+        if dtype == "float32":  # the float32 loop: the reference, timed with the other rows
+            configs.setdefault(("loop", 1, False), (model, dict(strategy="loop", batch_size=1, token_budget=None,
+                                                                prefix=None, progress=False), False))
+        runs, memory, warmup = _timed_rows(tokenizer, scorer, prompts, configs, repeats, progress,
+                                           f"benchmark {dtype} ({repeats} repeats)")
+        if dtype == "float32":
+            reference = runs["loop", 1, False][-1]
+            loop_rate = _summarise(runs["loop", 1, False], reference)["items_per_s"]
+        keys = [key for name, b in plan for key in ([("generate", 1, False)] if name == "generate" and dtype == "float32"
+                                                     else [k for k in configs if k[:2] == (name, b)])]
+        for name, batch_size, compiled in keys:
+            if name == "generate":
+                with peak_memory(model.device) as peak:
                     measured = _time_generate(model, tokenizer, prompts, reference)
-            elif name == "loop" and dtype == "float32":
-                measured, memory = loop_measured, loop_memory
+                mb, warm = peak["mb"], np.nan
             else:
-                strategy, uses_prefix = STRATEGIES[name]
-                if strategy == "token_budget":
-                    budget = int(batch_size * np.median(lengths))
-                options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget,
-                               prefix=prefix if uses_prefix else None, progress=False)
-                with peak_memory(model.device) as memory:
-                    measured, _ = _time_scoring(model, tokenizer, scorer, prompts, lengths, options, repeats, reference)
+                key = (name, batch_size, compiled)
+                measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
             # Generated tokens are not ticket tokens: no roof fraction for the generate row.
-            useful = np.nan if name == "generate" else useful_flops * measured["items_per_s"] / len(prompts)
+            useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)
             rows.append({
                 "strategy": name,
                 "batch_size": batch_size,
-                "token_budget": budget,
+                "token_budget": configs[name, batch_size, compiled][1]["token_budget"] if name != "generate" else None,
                 "dtype": dtype,
-                "items_per_s": measured["items_per_s"],
-                "padding_fraction": measured["padding_fraction"],
-                "agreement": measured["agreement"],
-                "max_abs_diff": measured.get("max_abs_diff", np.nan),
-                "unparseable": measured["unparseable"],
-                "peak_memory_mb": memory["mb"],
-                "useful_gflops": useful / 1e9,
+                "compiled": compiled,
+                **measured,
+                "peak_memory_mb": mb,
+                "warmup_s": warm,
+                "useful_gflops": useful_per_s / 1e9,
                 "roof_gflops": roof / 1e9,
-                "roof_fraction": useful / roof,
+                "roof_fraction": useful_per_s / roof,
                 "model": info.name,
                 "timing_only": info.timing_only,
                 "device": info.device,
                 "threads": info.threads,
+                "attention": info.attention,
                 "n": len(prompts),
                 "shots": shots,
                 "prefix_tokens": prefix.length,
@@ -235,10 +332,10 @@ def run_benchmark(
                 "machine": profile.machine,
                 "profile": profile.caption(),
             })
-        del model
+        del model, compiled_model
     frame = pd.DataFrame(rows)
-    frame["speedup_vs_loop"] = frame["items_per_s"] / loop_measured["items_per_s"]
-    frame.attrs["loop_items_per_s"] = loop_measured["items_per_s"]  # measured even when "loop" is no row
+    frame["speedup_vs_loop"] = frame["items_per_s"] / loop_rate
+    frame.attrs["loop_items_per_s"] = loop_rate  # measured even when "loop" is no row
     frame.attrs["profile"] = profile
     frame.attrs["skipped_dtypes"] = skipped
     return frame

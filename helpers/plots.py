@@ -144,7 +144,8 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
 
 
 def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None):
-    """Share of the measured matmul throughput spent on useful (ticket, non-prefix) tokens."""
+    """Share of the measured matmul throughput spent on useful work (``helpers.bench`` defines it: the loop's
+    work beyond the cached prefix, attention over the prefix included), best batch size per strategy and dtype."""
     best = frame.dropna(subset=["roof_fraction"]).sort_values("roof_fraction").groupby(["strategy", "dtype"], sort=False).tail(1)
     labels = [f"{STRATEGY_LABELS.get(s, s)}\n{d}" for s, d in zip(best["strategy"], best["dtype"])]
     fig, ax = plt.subplots(figsize=(8, 4))

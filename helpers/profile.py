@@ -29,11 +29,12 @@ import torch
 
 from .models import ModelInfo, cache_dir
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the roof timed with torch.utils.benchmark at a busy size
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 32)
 DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
 SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
+ROOF_MIN_RUN_S = 0.3  # seconds of repeated matmuls behind each roof measurement
 MAX_CALL_S = 1.5  # the prefill sweep stops after a call this slow: the curve is flat long before
 _MEMORY: dict[str, MachineProfile] = {}
 
@@ -83,21 +84,32 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 @torch.inference_mode()
 def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int]) -> float | None:
-    """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``; None where the dtype is unsupported."""
+    """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``; None where the dtype is unsupported.
+
+    Timed with ``torch.utils.benchmark`` (it synchronises CUDA and picks the repeat count) on this process's
+    thread count: the Timer's own default is one thread, which would halve a 2-core roof.
+    """
+    from torch.utils import benchmark
+
     device = torch.device(device)
     m, k, n = shape
     try:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
-        seconds = _time_call(lambda: a @ b, device)
+        a @ b  # unsupported dtypes fail here, before timing
+        timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
+        seconds = timer.blocked_autorange(min_run_time=ROOF_MIN_RUN_S).median
     except (RuntimeError, TypeError):
         return None
     return 2 * m * k * n / seconds / 1e9
 
 
 def roof_shape(model, device: torch.device) -> tuple[int, int, int]:
-    """The model's MLP matmul (tokens x hidden @ hidden x intermediate), with enough tokens to keep the device busy."""
-    tokens = 256 if device.type == "cpu" else 8192  # a GPU needs far larger matmuls to reach its roof
+    """The model's MLP matmul (tokens x hidden @ hidden x intermediate), with enough tokens to keep the device busy.
+
+    On a 2-core CPU 256 tokens reach ~85 % of what 2048 do; a GPU needs far larger matmuls still.
+    """
+    tokens = 2048 if device.type == "cpu" else 16384
     return tokens, model.config.hidden_size, model.config.intermediate_size
 
 

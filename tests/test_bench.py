@@ -4,17 +4,20 @@ import numpy as np
 import pytest
 
 from helpers.__main__ import main
-from helpers.bench import non_embedding_parameters, padding_by_strategy, run_benchmark
+from helpers import bench
+from helpers.bench import non_embedding_parameters, padding_by_strategy, run_benchmark, useful_flops
+from helpers.data import LABELS
+from helpers.scoring import LabelScorer
 
-REQUIRED = {"strategy", "batch_size", "dtype", "items_per_s", "padding_fraction", "agreement",
-            "roof_fraction", "model", "device", "n"}
+REQUIRED = {"strategy", "batch_size", "dtype", "items_per_s", "items_per_s_min", "items_per_s_max", "tokenize_share",
+            "padding_fraction", "agreement", "roof_fraction", "model", "device", "attention", "n", "repeats"}
 
 
 @pytest.fixture(scope="module")
 def tiny_bench():
     return run_benchmark("twin:tiny-qwen2", n=8, shots=2, batch_sizes=[2, 4], dtypes=["float32", "bfloat16"],
                          strategies=["loop", "loop_prefix", "arbitrary", "sorted", "token_budget", "sorted_prefix"],
-                         progress=False)
+                         repeats=2, progress=False)
 
 
 def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
@@ -28,6 +31,11 @@ def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
     loop = tiny_bench.query("strategy == 'loop' and dtype == 'float32'")["items_per_s"].item()
     assert tiny_bench.attrs["loop_items_per_s"] == loop
     assert np.allclose(tiny_bench["speedup_vs_loop"], tiny_bench["items_per_s"] / loop)
+    # The median of the repeats lies between their extremes; tokenizing is a part of each run's time.
+    assert (tiny_bench["items_per_s_min"] <= tiny_bench["items_per_s"] * (1 + 1e-9)).all()
+    assert (tiny_bench["items_per_s"] <= tiny_bench["items_per_s_max"] * (1 + 1e-9)).all()
+    assert tiny_bench["tokenize_share"].between(0, 1, inclusive="neither").all()
+    assert (tiny_bench["repeats"] == 2).all()
 
 
 def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
@@ -37,6 +45,46 @@ def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
     # bfloat16 rows are compared with the float32 loop, not with themselves: rounding shows in every row.
     bfloat16 = tiny_bench[tiny_bench["dtype"] == "bfloat16"]
     assert (bfloat16["max_abs_diff"] > 1e-4).all(), "bfloat16 scores identical to float32: not run in bfloat16?"
+
+
+def test_repeats_run_the_rows_in_alternating_order(monkeypatch):
+    timed = []
+    real = bench.score_batched
+
+    def recording(model, tokenizer, scorer, prompts, **options):
+        if len(prompts) == 6:  # a timed run over every ticket (warm-ups use fewer)
+            timed.append((options["strategy"], options["batch_size"]))
+        return real(model, tokenizer, scorer, prompts, **options)
+
+    monkeypatch.setattr(bench, "score_batched", recording)
+    run_benchmark("twin:tiny-qwen2", n=6, shots=1, batch_sizes=[2], strategies=["loop", "sorted"], dtypes=["float32"],
+                  repeats=3, progress=False)
+    forwards = [("loop", 1), ("sorted", 2)]
+    assert timed == forwards + forwards[::-1] + forwards
+
+
+def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):
+    model, tokenizer, _ = tiny_qwen
+    config = model.config
+    weights, output = 2 * non_embedding_parameters(model), 2 * config.hidden_size * config.vocab_size
+    per_key = 4 * config.num_hidden_layers * config.hidden_size  # heads x head_dim = hidden here
+    single = LabelScorer(tokenizer, ["technical", "account"])  # one token each: nothing appended
+    assert not single.tail
+    # Three own tokens after a 10-token prefix see 11, 12 and 13 keys.
+    assert useful_flops(model, [3], 10, single) == weights * 3 + per_key * (11 + 12 + 13) + output
+    # "billing" is two tokens: one appended token, which sees the prefix, the row and itself, and one more scored position.
+    multi = LabelScorer(tokenizer, LABELS)
+    assert len(multi.tail) == 1
+    assert useful_flops(model, [3], 10, multi) == weights * 4 + per_key * (11 + 12 + 13 + 14) + output * 2
+
+
+def test_useful_work_never_exceeds_the_measured_roof(embedded):
+    """The roof is measured at a size that keeps the device busy: no row may claim more than all of it."""
+    frame = run_benchmark("embedded", n=8, shots=2, batch_sizes=[4], strategies=["loop", "loop_prefix", "sorted_prefix"],
+                          dtypes=["float32"], repeats=1, progress=False)
+    assert (frame["roof_fraction"] > 0).all() and (frame["roof_fraction"] <= 1).all(), frame["roof_fraction"]
+    loop = frame.loc[frame["strategy"] == "loop", "roof_fraction"].item()
+    assert loop == frame["roof_fraction"].min(), "the loop runs the prefix again for every ticket: the lowest useful share"
 
 
 def test_useful_work_excludes_embeddings(tiny_qwen):
@@ -81,3 +129,15 @@ def test_default_dtypes_skip_one_the_machine_runs_slowly(monkeypatch, capsys):
     assert set(frame["dtype"]) == {"float32"}
     assert "bfloat16 skipped: its matmul runs at 1.8 GFLOP/s here against 124 for float32" in capsys.readouterr().out
     assert (frame["machine"] == "cpu: test").all() and frame["roof_gflops"].eq(124.0).all()
+
+
+def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row():
+    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2], strategies=["loop", "sorted_prefix"],
+                          dtypes=["float32"], repeats=1, compile=["sorted_prefix"], progress=False)
+    assert list(zip(frame["strategy"], frame["compiled"])) == [("loop", False), ("sorted_prefix", False),
+                                                               ("sorted_prefix", True)]
+    compiled = frame[frame["compiled"]].iloc[0]
+    assert compiled.agreement == 1.0 and compiled.max_abs_diff <= 1e-3
+    assert compiled.warmup_s > frame[~frame["compiled"]]["warmup_s"].max(), "compiling happens in the warm-up"
+    with pytest.raises(ValueError, match="cannot compile"):
+        run_benchmark("twin:tiny-qwen2", strategies=["loop"], compile=["sorted"], progress=False)
