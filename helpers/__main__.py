@@ -43,7 +43,7 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--compile", type=_csv_list(str), default=[],
                        help="strategies that also get a torch.compile'd row, e.g. sorted_prefix (its warm-up includes compiling)")
     bench.add_argument("--attention", default="auto",
-                       help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else sdpa), sdpa, eager")
+                       help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else transformers' choice), sdpa, sdpa_gqa, eager")
     bench.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
     bench.add_argument("--csv", dest="csv_path", default=None, help="write the rows as CSV here")

@@ -1,9 +1,9 @@
 """Attention without copying keys and values per query head (grouped-query models on CPU).
 
 Qwen2.5 and SmolLM2 use grouped-query attention: several query heads share one key/value head
-(SmolLM2-135M: 9 query heads, 3 key/value heads). transformers' ``sdpa`` attention copies each key/value
-head once per query head (``repeat_kv``) whenever a mask is given, which is always the case for a padded
-batch or a cached prefix: in a batch on top of the prefix cache that is 3 copies of every row's prefix, per
+(SmolLM2-135M: 9 query heads, 3 key/value heads). On CPU, transformers' ``sdpa`` attention copies each
+key/value head once per query head (``repeat_kv``) whenever a mask is given and more than one token is queried,
+which is always the case for a padded batch or a cached prefix: in a batch on top of the prefix cache that is 3 copies of every row's prefix, per
 layer, per batch. PyTorch's SDPA can read the shared heads itself (``enable_gqa=True``); on CPU its kernel
 takes masks that way. On CUDA a mask with ``enable_gqa`` falls back to the slow math kernel, so this is a
 CPU choice: ``use_gqa_attention`` switches a model to it only there.
@@ -26,8 +26,11 @@ def sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError(f"{NAME} attention does not support position_bias or softcap: use 'sdpa'")
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # As in transformers: the causal flag only without a mask, and only where queries and keys align.
-    is_causal = query.shape[2] > 1 and attention_mask is None and is_causal and key.shape[2] == query.shape[2]
+    # As in transformers: the causal flag only without a mask; with more keys than queries and no mask (prefill
+    # into an empty static cache) the keys past the queries are empty slots, cropped so causal aligns.
+    is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
+    if is_causal and key.shape[2] > query.shape[2]:
+        key, value = key[:, :, : query.shape[2]], value[:, :, : query.shape[2]]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
         enable_gqa=query.shape[1] != key.shape[1],

@@ -85,10 +85,15 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
         return os.cpu_count() or 1
     cores = set()
     for cpu in allowed:
+        # The CPUs sharing this one's core (e.g. "0,4" or "0-1"): the same string for every sibling.
         where = Path(topology) / f"cpu{cpu}" / "topology"
-        try:
-            cores.add(((where / "physical_package_id").read_text().strip(), (where / "core_id").read_text().strip()))
-        except OSError:
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            try:
+                cores.add((where / name).read_text().strip())
+                break
+            except OSError:
+                continue
+        else:
             return len(allowed)
     return len(cores) or len(allowed)
 
@@ -245,8 +250,9 @@ def load_model(
     ``name``: a hub id or local path, ``"embedded"`` for the bundled SmolLM2-135M-Instruct, or a
     ``"twin:..."`` random-weight architecture (timing only). Default: ``$SLM_MODEL``, else
     Qwen2.5-0.5B-Instruct, else (not cached and no network) the embedded model, said in one line.
-    ``attention``: ``"auto"`` is ``sdpa``, except grouped-query models on CPU get ``sdpa_gqa`` (see
-    ``helpers.attention``); a name (``"sdpa"``, ``"eager"``) forces it; None keeps what transformers picked.
+    ``attention``: ``"auto"`` switches grouped-query models on CPU from ``sdpa`` to ``sdpa_gqa`` (see
+    ``helpers.attention``) and otherwise keeps what transformers picked; a name (``"sdpa"``, ``"eager"``) forces
+    it; None keeps what transformers picked.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

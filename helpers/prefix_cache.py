@@ -47,10 +47,14 @@ def find_prefix_text(tokenizer, **prompt_options) -> str:
 
 
 def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
-    """True when tokenizing the two parts separately gives exactly the whole prompt's tokens."""
+    """True when the whole prompt's tokens start with exactly the prefix's tokens and go on after them.
+
+    Then the rest of the whole prompt's tokens, run after the cached prefix, are exactly the plain path's input
+    (the rule ``PrefixCache.split`` applies).
+    """
     whole = encode_prompt(tokenizer, prompt)
-    parts = encode_prompt(tokenizer, prefix_text) + encode_prompt(tokenizer, prompt[len(prefix_text):])
-    return prompt.startswith(prefix_text) and parts == whole
+    head = encode_prompt(tokenizer, prefix_text)
+    return prompt.startswith(prefix_text) and whole[: len(head)] == head and len(whole) > len(head)
 
 
 class PrefixCache:

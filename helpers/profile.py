@@ -355,7 +355,7 @@ class PlannedRun:
     """One pass over prompts that a notebook is about to make, for ``estimate_runs``.
 
     ``lengths``: each prompt's tokens (after the prefix when ``prefix_tokens`` > 0). ``continuation``: label
-    tokens run after the prompt per row (``LabelScorer.cont_inputs.numel()`` when it needs continuations).
+    tokens appended after the prompt per row, in the same forward (``continuation_tokens(scorer)``).
     ``new_tokens``: tokens generated per prompt (the generate + parse baseline), each a decode step at batch 1.
     """
 
@@ -384,7 +384,8 @@ def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
         if not len(run.lengths):
             continue
         lengths = list(run.lengths)
-        batches = plan_batches(lengths, run.strategy, run.batch_size, run.token_budget, tokens_per_row=run.prefix_tokens)
+        batches = plan_batches(lengths, run.strategy, run.batch_size, run.token_budget,
+                               tokens_per_row=run.prefix_tokens + run.continuation)  # as score_batched plans them
         seconds = 0.0
         for batch in batches:
             width = max(lengths[i] for i in batch) + run.continuation

@@ -170,6 +170,18 @@ def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+def _check_full_attention(model, span: int) -> None:
+    """The tree mask is a full 4D mask: it replaces transformers' own, so sliding-window layers would see too far."""
+    config = model.config
+    window = getattr(config, "sliding_window", None)
+    if window and "sliding_attention" in (getattr(config, "layer_types", None) or []) and span > window:
+        raise ValueError(
+            f"several multi-token labels need a 4D attention mask, and this model's sliding-window layers "
+            f"({window} tokens) would see past their window in a {span}-token row: use labels of which at most one "
+            "is several tokens, or shorter prompts"
+        )
+
+
 @torch.inference_mode()
 def label_log_probs(
     model,
@@ -197,6 +209,7 @@ def label_log_probs(
         last = positions[:, width - tail - 1]
         positions[:, width - tail:] = last[:, None] + 1 + scorer.tail_offsets
     if scorer.is_tree:
+        _check_full_attention(model, past_length + width)
         attention = _tree_mask(mask, scorer, past_length, model.dtype)
     elif prefix is not None:
         attention = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)

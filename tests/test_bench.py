@@ -3,9 +3,14 @@ import json
 import numpy as np
 import pytest
 
-from helpers.__main__ import main
 from helpers import bench
-from helpers.bench import non_embedding_parameters, padding_by_strategy, run_benchmark, useful_flops
+from helpers.__main__ import main
+from helpers.bench import (
+    non_embedding_parameters,
+    padding_by_strategy,
+    run_benchmark,
+    useful_flops,
+)
 from helpers.data import LABELS
 from helpers.scoring import LabelScorer
 

@@ -96,11 +96,10 @@ def test_converted_model_gives_the_gguf_models_logits(embedded, tmp_path):
 
 def test_threads_count_physical_cores_not_smt_siblings(monkeypatch, tmp_path):
     # Four CPUs on two cores (each with its hyper-thread sibling), and a process allowed on three of them.
-    for cpu, core in enumerate([0, 0, 1, 1]):
+    for cpu, siblings in enumerate(["0-1", "0-1", "2-3", "2-3"]):
         topology = tmp_path / f"cpu{cpu}" / "topology"
         topology.mkdir(parents=True)
-        (topology / "physical_package_id").write_text("0\n")
-        (topology / "core_id").write_text(f"{core}\n")
+        (topology / "core_cpus_list").write_text(f"{siblings}\n")
     monkeypatch.setattr(models.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert models.cpu_threads(tmp_path) == 2
     monkeypatch.setattr(models.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)

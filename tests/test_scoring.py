@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers.data import LABELS
+from helpers.data import LABELS, build_prompt
 from helpers.scoring import (
     LabelScorer,
     LabelScores,
@@ -144,3 +144,32 @@ def test_label_checks_need_no_tokenizer():
     for labels, message in (([], "has 0 label"), (["a", "a"], "duplicate labels: 'a'"), (["a", None], "label #1")):
         with pytest.raises(ValueError, match=message):
             check_labels(labels)
+
+
+def test_label_branches_on_the_prefix_cache_in_padded_batches_equal_the_slow_way(embedded, tickets):
+    """The tree mask, the cached prefix and left padding together, against one full forward per label."""
+    from helpers.batching import score_batched
+    from helpers.prefix_cache import PrefixCache
+
+    model, tokenizer, _ = embedded
+    labels = ["bug report", "refund request", "billing question about refunds", "technical"]
+    scorer = LabelScorer(tokenizer, labels)
+    assert scorer.is_tree
+    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:6]]
+    cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)
+    batched = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, prefix=cache, progress=False)
+    assert batched.info["padding_fraction"] > 0, "the batches must hold rows of different lengths"
+    slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    assert_agrees(slow, batched, atol=1e-3)
+
+
+def test_several_multi_token_labels_refuse_a_sliding_window_they_would_see_past():
+    from types import SimpleNamespace
+
+    from helpers.scoring import _check_full_attention
+
+    config = SimpleNamespace(sliding_window=8, layer_types=["full_attention", "sliding_attention"])
+    _check_full_attention(SimpleNamespace(config=config), 8)
+    with pytest.raises(ValueError, match="sliding-window layers \\(8 tokens\\)"):
+        _check_full_attention(SimpleNamespace(config=config), 9)
+    _check_full_attention(SimpleNamespace(config=SimpleNamespace(sliding_window=8, layer_types=["full_attention"])), 99)
