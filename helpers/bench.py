@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .attention import NAME as GQA_ATTENTION
 from .batching import score_batched
 from .data import (
     LABELS,
@@ -141,7 +142,7 @@ def peak_memory(device: torch.device):
 # --- the benchmark -----------------------------------------------------------------------------------
 
 
-ATTENTION_CHOICES = (None, "auto", "sdpa", "sdpa_gqa", "eager")
+ATTENTION_CHOICES = (None, "auto", "sdpa", GQA_ATTENTION, "eager")
 
 
 def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, n: int, attention=None) -> None:
@@ -279,8 +280,10 @@ def run_benchmark(
             compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]
             compiled_model.forward = torch.compile(compiled_model.forward, dynamic=True)
         configs = {}
+        row_keys = []  # the rows of this dtype, in plan order: (strategy name, batch size, compiled)
         for name, batch_size in plan:
             if name == "generate":
+                row_keys += [(name, batch_size, False)] if dtype == "float32" else []
                 continue
             strategy, uses_prefix = STRATEGIES[name]
             budget = int(batch_size * np.median(lengths)) if strategy == "token_budget" else None
@@ -289,6 +292,7 @@ def run_benchmark(
                 options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget, progress=False,
                                prefix=prefix if uses_prefix else None)
                 configs[name, batch_size, compiled] = (row_model, options, compiled)
+                row_keys.append((name, batch_size, compiled))
         if dtype == "float32":  # the float32 loop: the reference, timed with the other rows
             configs.setdefault(("loop", 1, False), (model, dict(strategy="loop", batch_size=1, token_budget=None,
                                                                 prefix=None, progress=False), False))
@@ -297,22 +301,21 @@ def run_benchmark(
         if dtype == "float32":
             reference = runs["loop", 1, False][-1]
             loop_rate = _summarise(runs["loop", 1, False], reference)["items_per_s"]
-        keys = [key for name, b in plan for key in ([("generate", 1, False)] if name == "generate" and dtype == "float32"
-                                                     else [k for k in configs if k[:2] == (name, b)])]
-        for name, batch_size, compiled in keys:
+        for key in row_keys:
+            name, batch_size, compiled = key
             if name == "generate":
                 with peak_memory(model.device) as peak:
                     measured = _time_generate(model, tokenizer, prompts, reference)
-                mb, warm = peak["mb"], np.nan
+                mb, warm, budget = peak["mb"], np.nan, None
             else:
-                key = (name, batch_size, compiled)
                 measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
+                budget = configs[key][1]["token_budget"]
             # Generated tokens are not ticket tokens: no roof fraction for the generate row.
             useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)
             rows.append({
                 "strategy": name,
                 "batch_size": batch_size,
-                "token_budget": configs[name, batch_size, compiled][1]["token_budget"] if name != "generate" else None,
+                "token_budget": budget,
                 "dtype": dtype,
                 "compiled": compiled,
                 **measured,

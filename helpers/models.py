@@ -61,10 +61,15 @@ class ModelInfo:
         return self.name.startswith("twin:")
 
     def short(self) -> str:
-        return f"{self.name} · {self.dtype} · {self.device} ({self.threads} thread{'s' if self.threads != 1 else ''})"
+        return f"{self.name} · {self.dtype} · {self.device} ({threads_text(self.threads)})"
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def threads_text(n: int) -> str:
+    """"1 thread", "2 threads": how every caption and summary names a thread count."""
+    return f"{n} thread{'s' if n != 1 else ''}"
 
 
 def cache_dir() -> Path:

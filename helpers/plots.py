@@ -7,12 +7,14 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from .models import threads_text
+
 
 def caption(info, profile=None) -> str:
     """The line every figure carries: which model, dtype and device produced it (and on which machine)."""
     note = " (random weights: timing only)" if getattr(info, "timing_only", False) else ""
     machine = f" · {profile.machine}" if profile is not None else ""
-    return f"{info.name}{note} · {info.dtype} · {info.device}, {info.threads} thread{'s' if info.threads != 1 else ''}{machine}"
+    return f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)}{machine}"
 
 
 def bench_caption(frame) -> str:
@@ -21,7 +23,7 @@ def bench_caption(frame) -> str:
     note = " (random weights: timing only)" if first["timing_only"] else ""
     dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
     machine = f" · {first['machine']}" if "machine" in frame else ""
-    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {first['threads']} thread{'s' if first['threads'] != 1 else ''}{machine} · "
+    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {threads_text(first['threads'])}{machine} · "
             f"n={first['n']}, {first['shots']} shots")
 
 

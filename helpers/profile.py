@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .models import ModelInfo, cache_dir
+from .models import ModelInfo, cache_dir, threads_text
 
 PROFILE_VERSION = 2  # 2: the roof timed with torch.utils.benchmark at a busy size
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -233,11 +233,11 @@ class MachineProfile:
 
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
-        return (f"{self.machine}, {self.threads} thread{'s' if self.threads != 1 else ''} · float32 matmul {self.matmul_gflops.get('float32', 0):.0f} "
+        return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops.get('float32', 0):.0f} "
                 f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens per call")
 
     def summary(self) -> str:
-        lines = [f"machine: {self.machine} · {self.device} · {self.threads} thread{'s' if self.threads != 1 else ''} · torch {self.torch}",
+        lines = [f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
                  f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
                  "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
                  "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),

@@ -92,10 +92,6 @@ class LabelScorer:
         self.tail_offsets = torch.tensor(offsets, dtype=torch.long)
 
     @property
-    def needs_continuation(self) -> bool:
-        return bool(self.tail)
-
-    @property
     def is_tree(self) -> bool:
         """Several multi-token labels: their branches need a 4D mask so that none sees another."""
         return self.method == "sequence" and len(self.multi) > 1
