@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from .models import threads_text
+from .outputs import output_dir
 
 
 def caption(info, profile=None) -> str:
@@ -33,13 +34,16 @@ def set_title(ax, text: str) -> None:
 
 
 def finish(fig, info, path: str | Path) -> Path:
-    """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG."""
+    """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG (a relative path lands in
+    ``helpers.outputs.output_dir()``: runs/ at the repository root unless told otherwise, never notebooks/)."""
     text = info if isinstance(info, str) else caption(info)
     # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
     lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.04 * len(lines), 1, 1))
     path = Path(path)
+    if not path.is_absolute():
+        path = output_dir() / path
     fig.savefig(path, dpi=120)
     return path
 

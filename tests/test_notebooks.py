@@ -24,6 +24,10 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
+def printed_lines(executed) -> list[str]:
+    return "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", [])).splitlines()
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_is_stored_without_outputs(notebook):
     cells = json.loads(notebook.read_text())["cells"]
@@ -40,10 +44,17 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
         assert "TIME_BUDGET_S" in declared, f"{notebook.name}: no time budget parameter"
     small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {})}
     parameters = {name: value for name, value in small.items() if name in declared}
+    assert "OUTPUT_DIR" in declared, f"{notebook.name}: no OUTPUT_DIR parameter for its figures and CSVs"
+    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
+    before = sorted(notebook.parent.rglob("*"))
     executed = papermill.execute_notebook(
         str(notebook), str(tmp_path / notebook.name), parameters=parameters, cwd=str(tmp_path),
         progress_bar=False, kernel_name="python3",
     )
+    assert sorted(notebook.parent.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
+    written = sorted(path.name for path in (tmp_path / "out").iterdir())
+    saved = [line for line in printed_lines(executed) if "saved" in line]
+    assert all(any(name in line for name in written) for line in saved), (saved, written)
     printed = "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", []))
     if sized:
         assert "tickets: the fewest that keep the lesson visible" in printed or "within the 5 s budget" in printed, \

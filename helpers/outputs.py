@@ -1,0 +1,26 @@
+"""Where the notebooks write their figures and CSVs: never into notebooks/ (notebooks 00-04)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "SLM_OUTPUT_DIR"
+
+
+def _repository_root() -> Path | None:
+    """The course checkout this package was installed from (editable install), if any."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "notebooks").is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def output_dir(path: str | os.PathLike | None = None) -> Path:
+    """The folder for figures and CSVs, created if missing: ``path`` if given, else ``$SLM_OUTPUT_DIR``,
+    else ``runs/`` at the root of the course checkout, else ``runs/`` under the working directory."""
+    chosen = path or os.environ.get(ENV)
+    if chosen is None:
+        root = _repository_root()
+        chosen = (root if root is not None else Path.cwd()) / "runs"
+    folder = Path(chosen).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
