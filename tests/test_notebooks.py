@@ -1,12 +1,16 @@
 """Every notebook runs top to bottom on a clean kernel at small size, and is stored without outputs."""
 
 import json
+import re
 from pathlib import Path
 
 import papermill
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+# Worked solutions: solutions/NN_solutions.ipynb for lesson NN, one "## Exercise k" cell per exercise.
+SOLUTIONS = sorted((NOTEBOOK_DIR / "solutions").glob("[0-9][0-9]_*.ipynb"))
 # Small sizes for the suite: a tiny time budget, so each notebook sizes itself to its floors (the sizing code runs
 # as it does for a reader). Each notebook receives only the parameters it declares.
 SMALL = {
@@ -28,7 +32,35 @@ def printed_lines(executed) -> list[str]:
     return "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", [])).splitlines()
 
 
+def markdown(notebook: Path) -> list[str]:
+    return ["".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "markdown"]
+
+
+def exercises(lesson: Path) -> list[str]:
+    """The numbered items under the lesson's "### Exercises" heading, whitespace collapsed."""
+    text = "\n".join(markdown(lesson))
+    if "### Exercises" not in text:
+        return []
+    items = re.split(r"^\d+\. ", text.split("### Exercises", 1)[1], flags=re.M)[1:]
+    return [" ".join(item.split()) for item in items]
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_exercise_has_a_worked_solution(notebook):
+    wanted = exercises(notebook)
+    if not wanted:
+        pytest.skip(f"{notebook.name} has no exercises")
+    solutions = NOTEBOOK_DIR / "solutions" / f"{notebook.stem[:2]}_solutions.ipynb"
+    assert solutions.exists(), f"{notebook.name}: no {solutions.relative_to(NOTEBOOK_DIR.parent)}"
+    cells = [" ".join(cell.split()) for cell in markdown(solutions)]
+    for k, exercise in enumerate(wanted, start=1):
+        heading = [cell for cell in cells if cell.startswith(f"## Exercise {k}")]
+        assert heading, f"{solutions.name}: no '## Exercise {k}' cell"
+        assert exercise in heading[0], f"{solutions.name}: exercise {k} does not quote the lesson's text: {exercise!r}"
+    assert not any(cell.startswith(f"## Exercise {len(wanted) + 1}") for cell in cells), f"{solutions.name}: extra exercises"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
 def test_notebook_is_stored_without_outputs(notebook):
     cells = json.loads(notebook.read_text())["cells"]
     dirty = [i for i, cell in enumerate(cells) if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))]
@@ -59,3 +91,15 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
     if sized:
         assert "tickets: the fewest that keep the lesson visible" in printed or "within the 5 s budget" in printed, \
             f"{notebook.name}: the notebook must say how many tickets it chose and why"
+
+
+@pytest.mark.parametrize("notebook", SOLUTIONS, ids=lambda path: path.stem)
+def test_solutions_run_at_small_size(notebook, tmp_path):
+    declared = papermill.inspect_notebook(str(notebook))
+    assert "MODEL" in declared and "OUTPUT_DIR" in declared, f"{notebook.name}: parameters cell is missing knobs"
+    parameters = {name: value for name, value in SMALL.items() if name in declared}
+    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
+    before = sorted(NOTEBOOK_DIR.rglob("*"))
+    papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters, cwd=str(tmp_path),
+                               progress_bar=False, kernel_name="python3")
+    assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
