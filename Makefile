@@ -1,5 +1,5 @@
-# The two commands of the course: `make notebooks` and `make test`. Both set up .venv first and skip
-# whatever is already done, so running them twice is cheap.
+# The commands of the course: `make lab` (JupyterLab on notebooks/), `make notebooks` and `make test`. Each sets up
+# .venv first and skips whatever is already done, so running them twice is cheap. `make check` checks the venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ RUNS := runs
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup notebooks test clean
+.PHONY: setup lab check notebooks reference test clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,17 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -c "from helpers.models import convert_embedded; print('embedded model ready in', convert_embedded())"
 	touch $@
 
+# JupyterLab on notebooks/, with this venv's kernel (setup registers it as python3 inside the venv, and the venv's
+# kernelspecs are preferred over a user-wide python3). Extra options: make lab LAB_ARGS="--no-browser --port 8899"
+lab: setup
+	$(PY) -m helpers check
+	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+
+# Versions, device, the embedded model, a Jupyter kernel: one line each, and the exact fix for what is missing.
+check:
+	@test -x $(PY) || { echo "no $(VENV) yet: run make setup"; exit 1; }
+	$(PY) -m helpers check
+
 notebooks: setup
 	mkdir -p $(RUNS)
 	@for nb in $(NOTEBOOKS); do \
@@ -31,6 +42,12 @@ notebooks: setup
 		(cd $(RUNS) && ../$(PY) -m papermill --cwd . ../$$nb $$(basename $$nb) --progress-bar) || exit 1; \
 	done
 	@echo "Executed notebooks and their figures are in $(RUNS)/"
+
+# The committed reference run (reference-run/): every lesson and solutions notebook executed with its figures, the
+# machine named at the top of each. Rerun after changing a notebook: a test fails when a copy's code drifts.
+reference: setup
+	rm -rf reference-run
+	$(PY) -m helpers.executed reference-run
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m helpers bench ...`` (notebook 04) and ``python -m helpers classify ...``."""
+"""Command line: ``python -m helpers check`` (notebook 00), ``python -m helpers bench ...`` (notebook 04) and
+``python -m helpers classify ...``."""
 
 from __future__ import annotations
 
@@ -107,14 +108,28 @@ def run_classify(args) -> int:
     return 0
 
 
+def run_check(args) -> int:
+    """Versions, device, and every requirement with its fix; exit status 1 on a hard problem."""
+    from .environment import EnvironmentProblem, check_environment
+
+    try:
+        print(check_environment())
+    except EnvironmentProblem as problem:
+        print(problem.report)
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("check", help="check this environment: versions, device, the embedded model, a Jupyter kernel")
     add_bench_parser(commands)
     add_classify_parser(commands)
     args = parser.parse_args(argv)
     try:
-        return {"bench": run_bench, "classify": run_classify}[args.command](args)
+        return {"check": run_check, "bench": run_bench, "classify": run_classify}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         _settle_processes(error)

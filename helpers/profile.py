@@ -234,7 +234,7 @@ class MachineProfile:
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
         return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops.get('float32', 0):.0f} "
-                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens per call")
+                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s, 90 % of it from ~{self.saturation_tokens} tokens per call")
 
     def summary(self) -> str:
         lines = [f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",

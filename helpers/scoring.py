@@ -151,17 +151,35 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return input_ids, attention_mask
 
 
-def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask (rows, 1, width, past + width): causal over each row's real tokens, the prefix visible to
-    all, and each label branch seeing the row and its own earlier tokens but no other branch."""
+def batch_inputs(scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
+    """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
+    and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
+    restarting right after its row's last token."""
+    tail = len(scorer.tail)
+    input_ids, mask = pad_left([[*row, *scorer.tail] for row in rows], pad_id)
+    positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
+    if tail:
+        width = input_ids.shape[1]
+        last = positions[:, width - tail - 1]
+        positions[:, width - tail:] = last[:, None] + 1 + scorer.tail_offsets
+    return input_ids, mask, positions
+
+
+def visible_keys(mask: torch.Tensor, scorer: LabelScorer, past_length: int = 0) -> torch.Tensor:
+    """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
+    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing."""
     batch, width = mask.shape
     tail = len(scorer.tail)
-    real = mask.bool()
-    allowed = torch.ones((width, width), dtype=torch.bool).tril() & real[:, None, :]
-    branch = scorer.tail_label
-    # Among the tail positions, only the same branch (and, by the causal part, earlier tokens) is visible.
-    allowed[:, width - tail:, width - tail:] &= branch[:, None] == branch[None, :]
-    allowed = torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
+    allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
+    if tail:
+        branch = scorer.tail_label
+        allowed[:, width - tail:, width - tail:] &= branch[:, None] == branch[None, :]
+    return torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
+
+
+def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask (rows, 1, width, past + width) of ``visible_keys``, for several label branches."""
+    allowed = visible_keys(mask, scorer, past_length)
     # A large negative number, not -inf: a padding row that sees nothing then stays finite (and unused).
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
@@ -197,13 +215,9 @@ def label_log_probs(
     """
     device = model.device
     tail = len(scorer.tail)
-    input_ids, mask = pad_left([[*row, *scorer.tail] for row in rows], pad_id)
-    batch, width = input_ids.shape
     past_length = prefix.length if prefix is not None else 0
-    positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
-    if tail:  # every branch restarts right after the row's last token
-        last = positions[:, width - tail - 1]
-        positions[:, width - tail:] = last[:, None] + 1 + scorer.tail_offsets
+    input_ids, mask, positions = batch_inputs(scorer, rows, pad_id, past_length)
+    batch, width = input_ids.shape
     if scorer.is_tree:
         _check_full_attention(model, past_length + width)
         attention = _tree_mask(mask, scorer, past_length, model.dtype)
@@ -371,3 +385,74 @@ def coverage_curve(confidence, correct, thresholds=None) -> pd.DataFrame:
             "to_human": int((~kept).sum()),
         })
     return pd.DataFrame(rows)
+
+
+# --- how sure is an accuracy? ---------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion, ``successes`` out of ``n`` (95 % with the default ``z``).
+
+    Unlike p ± z·sqrt(p(1-p)/n) it stays within [0, 1] and does not shrink to a point at 0 or n successes,
+    which matters for the few dozen tickets a notebook can score. Two accuracies whose intervals overlap are
+    not told apart by these tickets (a conservative reading: no overlap is clearer than a significance test).
+    """
+    if n <= 0 or int(n) != n:
+        raise ValueError(f"cannot give an interval for n={n} items: n must be a positive whole number")
+    if not 0 <= successes <= n or int(successes) != successes:
+        raise ValueError(f"successes={successes} must be a whole number between 0 and n={n}")
+    if z <= 0:
+        raise ValueError(f"z={z} must be positive (1.96 for a 95 % interval)")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5 / (1 + z2 / n)
+    # At the edges the formula gives 0 and 1 exactly, up to rounding: say so exactly.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+# --- which labels a tokenizer splits (notebook 01 derives its examples from the loaded tokenizer) ----------
+
+# Plausible support-ticket label words, for examples that must hold with any tokenizer.
+CANDIDATE_LABELS = (
+    "billing", "payment", "bill", "bills", "refund", "refunds", "invoice", "invoices", "account", "accounts",
+    "access", "login", "password", "technical", "technician", "shipping", "shipment", "delivery", "order",
+    "orders", "support", "security", "subscription",
+)
+
+
+def _label_ids(tokenizer, words: Sequence[str]) -> list[list[int]]:
+    """Each word's token ids as ``LabelScorer`` tokenizes a label; a one-line error names a bad word."""
+    ids = []
+    for position, word in enumerate(words):
+        if not isinstance(word, str) or not word.strip():
+            raise ValueError(f"candidate #{position} ({word!r}) is empty: every candidate needs text")
+        ids.append(tokenizer(word, add_special_tokens=False)["input_ids"])
+    return ids
+
+
+def token_pieces(tokenizer, words: Sequence[str]) -> dict[str, list[str]]:
+    """Each word's tokens as the tokenizer writes them, e.g. ``{"billing": ["b", "illing"]}`` for one tokenizer."""
+    return {word: tokenizer.convert_ids_to_tokens(ids) for word, ids in zip(words, _label_ids(tokenizer, words))}
+
+
+def first_token_clash(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS) -> tuple[str, str] | None:
+    """Two candidates that start with the same token with this tokenizer (the first such pair in candidate
+    order), or None when every candidate starts with a different token."""
+    seen: dict[int, str] = {}
+    for word, ids in zip(candidates, _label_ids(tokenizer, candidates)):
+        if ids and ids[0] in seen:
+            return seen[ids[0]], word
+        if ids:
+            seen[ids[0]] = word
+    return None
+
+
+def single_token_labels(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS, count: int = 3) -> list[str] | None:
+    """The first ``count`` distinct candidates that are one token each with this tokenizer; None if fewer are."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    candidates = list(dict.fromkeys(candidates))
+    single = [word for word, ids in zip(candidates, _label_ids(tokenizer, candidates)) if len(ids) == 1]
+    return single[:count] if len(single) >= count else None

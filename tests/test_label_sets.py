@@ -76,3 +76,28 @@ def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, 
             assert_agrees(reference, result, atol=1e-3)
         except AssertionError as error:
             raise AssertionError(f"{name}, {strategy} x {batch_size}, prefix={use_prefix}: {error}") from None
+
+
+def test_visible_keys_hide_padding_and_other_branches(embedded):
+    """The picture notebook 03 draws is the mask the forward pass gets: prefix seen by all, padding by none,
+    causal over real tokens, and no label branch sees another."""
+    from helpers.scoring import batch_inputs, visible_keys
+
+    _, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, THREE_MULTI)
+    rows, past = [[5, 6, 7], [8], [9, 10]], 4
+    input_ids, mask, positions = batch_inputs(scorer, rows, tokenizer.pad_token_id, past)
+    seen = visible_keys(mask, scorer, past)
+    width, tail = mask.shape[1], len(scorer.tail)
+    assert seen.shape == (3, width, past + width)
+    assert seen[:, :, :past].all(), "every query sees the cached prefix"
+    assert not seen[:, :, past:][~mask.bool()[:, None, :].expand(-1, width, -1)].any(), "nobody sees padding"
+    assert not seen[:, :, past:].triu(1).any(), "no query sees a later token"
+    branch = scorer.tail_label
+    for q in range(tail):
+        for k in range(tail):
+            assert seen[0, width - tail + q, past + width - tail + k] == (branch[q] == branch[k] and k <= q)
+    # Positions count real tokens from the prefix on; every branch restarts after the row's last token.
+    assert positions[1, width - tail - 1] == past and positions[0, width - tail - 1] == past + 2
+    first = [i for i, offset in enumerate(scorer.tail_offsets) if offset == 0]
+    assert (positions[:, width - tail + torch.tensor(first)] == positions[:, width - tail - 1:width - tail] + 1).all()

@@ -103,3 +103,19 @@ def test_solutions_run_at_small_size(notebook, tmp_path):
     papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters, cwd=str(tmp_path),
                                progress_bar=False, kernel_name="python3")
     assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
+
+
+REFERENCE_RUN = NOTEBOOK_DIR.parent / "reference-run"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
+def test_the_reference_run_shows_the_current_code(notebook):
+    """The committed executed copies (make reference) cannot drift: same code cells as the source, parameters aside."""
+    from helpers.executed import code_cells, copy_of
+
+    copy = copy_of(notebook, REFERENCE_RUN)
+    assert copy.exists(), f"{copy.relative_to(NOTEBOOK_DIR.parent)} is missing: run `make reference`"
+    assert code_cells(copy) == code_cells(notebook), \
+        f"{copy.relative_to(NOTEBOOK_DIR.parent)} runs other code than {notebook.name}: run `make reference`"
+    first = json.loads(copy.read_text())["cells"][0]
+    assert first["cell_type"] == "markdown" and "Executed on" in "".join(first["source"]), "no machine named at the top"

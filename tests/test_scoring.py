@@ -173,3 +173,127 @@ def test_several_multi_token_labels_refuse_a_sliding_window_they_would_see_past(
     with pytest.raises(ValueError, match="sliding-window layers \\(8 tokens\\)"):
         _check_full_attention(SimpleNamespace(config=config), 9)
     _check_full_attention(SimpleNamespace(config=SimpleNamespace(sliding_window=8, layer_types=["full_attention"])), 99)
+
+
+# --- accuracy intervals ---------------------------------------------------------------------------
+
+
+def _wilson_by_quadratic(k, n, z=1.96):
+    """The Wilson bounds are the proportions p where the observed rate sits z standard errors away:
+    (k/n - p)^2 = z^2 p (1 - p) / n, a quadratic in p, solved here with numpy's polynomial roots."""
+    import numpy as np
+
+    phat, z2 = k / n, z * z
+    roots = np.roots([1 + z2 / n, -(2 * phat + z2 / n), phat * phat])
+    return tuple(sorted(float(r.real) for r in roots))
+
+
+def test_wilson_interval_matches_the_quadratic_it_solves():
+    from helpers.scoring import wilson_interval
+
+    for k, n in ((8, 10), (1, 3), (45, 90), (70, 90), (299, 600)):
+        low, high = wilson_interval(k, n)
+        expected = _wilson_by_quadratic(k, n)
+        assert (low, high) == pytest.approx(expected, abs=1e-9), (k, n)
+        assert low < k / n < high, f"{k}/{n}: the interval must contain the observed rate"
+    # A textbook value: 8 of 10 correct, 95 %.
+    assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    # A wider z gives a wider interval; more items at the same rate a narrower one.
+    assert wilson_interval(8, 10, z=2.58)[0] < wilson_interval(8, 10)[0]
+    narrow, wide = wilson_interval(80, 100), wilson_interval(8, 10)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+
+
+def test_wilson_interval_edges_stay_in_zero_one_without_collapsing():
+    from helpers.scoring import wilson_interval
+
+    z = 1.96
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(z * z / (10 + z * z)), "0 of n: the upper bound is z²/(n + z²)"
+    low, high = wilson_interval(10, 10)
+    assert high == 1.0 and low == pytest.approx(10 / (10 + z * z)), "n of n: the lower bound is n/(n + z²)"
+
+
+def test_wilson_interval_refuses_bad_counts_in_one_line():
+    from helpers.scoring import wilson_interval
+
+    for args, message in (((0, 0), "n=0"), ((3, -1), "n=-1"), ((11, 10), "successes=11"), ((-1, 10), "successes=-1"),
+                          ((5, 10, 0), "z=0")):
+        with pytest.raises(ValueError, match=message) as error:
+            wilson_interval(*args)
+        assert "\n" not in str(error.value)
+
+
+# --- tokenizer-derived examples -------------------------------------------------------------------
+
+
+def test_first_token_clash_returns_a_pair_that_really_shares_its_first_token(embedded):
+    from helpers.scoring import CANDIDATE_LABELS, first_token_clash
+
+    _, tokenizer, _ = embedded
+    pair = first_token_clash(tokenizer)
+    assert pair is not None, "the default candidates hold words sharing a first token with the embedded tokenizer"
+    first, second = pair
+    assert first != second and {first, second} <= set(CANDIDATE_LABELS)
+    ids = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in pair]
+    assert ids[0][0] == ids[1][0], f"{pair} do not share their first token: {ids}"
+    with pytest.raises(ValueError, match="share their first token"):
+        LabelScorer(tokenizer, pair, method="first_token")
+    # Words that start with different letters cannot share a first token, whatever the tokenizer.
+    assert first_token_clash(tokenizer, ["account", "technical", "payment", "billing"]) is None
+    assert first_token_clash(tokenizer, ["billing"]) is None
+
+
+def test_single_token_labels_are_one_token_each_and_allow_the_shortcut(embedded):
+    from helpers.scoring import single_token_labels, token_pieces
+
+    _, tokenizer, _ = embedded
+    labels = single_token_labels(tokenizer, [*LABELS, "payment", "technical", "login"], count=3)
+    assert labels is not None and len(labels) == 3 and len(set(labels)) == 3
+    assert all(len(pieces) == 1 for pieces in token_pieces(tokenizer, labels).values()), token_pieces(tokenizer, labels)
+    assert LabelScorer(tokenizer, labels).method == "first_token"
+    # A word no vocabulary holds whole: too few single-token candidates, so None.
+    assert single_token_labels(tokenizer, ["technical", "qzxjvkwpqzxjvk"], count=2) is None
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        single_token_labels(tokenizer, LABELS, count=0)
+
+
+def test_token_pieces_spell_each_word_and_name_a_bad_one(embedded):
+    from helpers.scoring import first_token_clash, token_pieces
+
+    _, tokenizer, _ = embedded
+    pieces = token_pieces(tokenizer, LABELS)
+    assert list(pieces) == list(LABELS)
+    for label, tokens in pieces.items():
+        ids = tokenizer.convert_tokens_to_ids(tokens)
+        assert tokenizer.decode(ids) == label, f"{label}: {tokens} do not spell it"
+    for bad in (["billing", ""], ["billing", None]):
+        with pytest.raises(ValueError, match="candidate #1") as error:
+            first_token_clash(tokenizer, bad)
+        assert "\n" not in str(error.value)
+
+
+def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from helpers.plots import plot_accuracy_intervals
+    from helpers.scoring import wilson_interval
+
+    rows = []
+    for name, correct in (("0 shots", 30), ("6 shots", 70)):
+        low, high = wilson_interval(correct, 90)
+        rows.append({"variant": name, "accuracy": correct / 90, "accuracy_low": low, "accuracy_high": high, "n": 90})
+    info = SimpleNamespace(name="model", dtype="float32", device="cpu", threads=2)
+    fig, path = plot_accuracy_intervals(pd.DataFrame(rows), info, path=tmp_path / "a.png", baseline="0 shots")
+    title = fig.axes[0].get_title()
+    assert path.exists() and "90 tickets" in title and "6 shots" in title and "78%" in title, title
+    assert "clear of" in title, title  # 30/90 and 70/90 do not overlap
+    rows[1].update(accuracy=35 / 90, accuracy_low=wilson_interval(35, 90)[0], accuracy_high=wilson_interval(35, 90)[1])
+    fig, _ = plot_accuracy_intervals(pd.DataFrame(rows), info, path=tmp_path / "b.png", baseline="0 shots")
+    assert "overlapping" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="accuracy_low"):
+        plot_accuracy_intervals(pd.DataFrame(rows).drop(columns="accuracy_low"), info, path=tmp_path / "c.png")

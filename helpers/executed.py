@@ -1,0 +1,100 @@
+"""The committed reference run: every notebook executed once, with its figures, for readers who only read.
+
+``make reference`` runs ``python -m helpers.executed reference-run``: each lesson and solutions notebook is executed
+with papermill (default parameters; figures and CSVs into the same folder), stamped with a first cell that names
+the machine it ran on, and listed in the folder's README with its wall time. ``code_cells`` is what
+the tests compare with the source notebooks, so a reference copy cannot drift from the lesson it shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
+
+
+def sources(root: Path = ROOT) -> list[Path]:
+    """The notebooks of the course, lessons first, then their worked solutions."""
+    notebooks = root / "notebooks"
+    return sorted(notebooks.glob("[0-9][0-9]_*.ipynb")) + sorted((notebooks / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+def code_cells(path: Path) -> list[str]:
+    """A notebook's code, cell by cell, without its parameter cells."""
+    cells = nbformat.read(path, as_version=4).cells
+    return [cell.source for cell in cells
+            if cell.cell_type == "code" and not SKIPPED_TAGS & set(cell.metadata.get("tags", []))]
+
+
+def copy_of(source: Path, folder: Path, root: Path = ROOT) -> Path:
+    """Where the executed copy of a source notebook lives in the reference folder (same layout as notebooks/)."""
+    return folder / source.relative_to(root / "notebooks")
+
+
+def machine_line() -> str:
+    import platform
+
+    import torch
+    import transformers
+
+    from .models import cpu_threads, pick_device
+    from .profile import machine_name
+
+    device = pick_device()
+    return (f"{machine_name(device)}, {cpu_threads()} thread(s), {platform.system()} · torch {torch.__version__} · "
+            f"transformers {transformers.__version__}")
+
+
+def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
+    """Put a first markdown cell on an executed copy: what it is, where it ran, how to regenerate it."""
+    notebook = nbformat.read(path, as_version=4)
+    link = os.path.relpath(source, path.parent)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
+        f"> **Reference run, not your results.** Executed on {machine}, "
+        f"{datetime.date.today().isoformat()}, in {seconds:.0f} s, with `make reference` (default parameters). "
+        f"Every number and figure below is that machine's; run [the source notebook]({link}) to get yours."))
+    nbformat.write(notebook, path)
+
+
+def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, float]]:
+    """Execute every notebook into ``folder`` (figures and CSVs too), stamp each, write the folder's README."""
+    import papermill
+
+    folder = Path(folder).resolve()
+    machine = machine_line()
+    timings = []
+    for source in notebooks or sources():
+        target = copy_of(source, folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        print(f"== {source.relative_to(ROOT)}", flush=True)
+        start = time.perf_counter()
+        papermill.execute_notebook(str(source), str(target), parameters={"OUTPUT_DIR": str(target.parent)},
+                                   cwd=str(target.parent), progress_bar=False, kernel_name="python3")
+        seconds = time.perf_counter() - start
+        stamp(target, machine, seconds, source)
+        timings.append((target, seconds))
+    rows = "\n".join(f"| [{t.relative_to(folder)}]({t.relative_to(folder)}) | {s:.0f} s |" for t, s in timings)
+    (folder / "README.md").write_text(
+        f"# Reference run\n\nThe course's notebooks executed once, with their outputs and figures, for reading without "
+        f"running. **Machine:** {machine}. **Date:** {datetime.date.today().isoformat()}. Regenerate with "
+        f"`make reference`; the tests fail when a copy's code no longer matches its source notebook.\n\n"
+        f"Every number here is that machine's. The notebooks size their work to the machine they run on, so yours "
+        f"will run other ticket counts and show other numbers.\n\n| notebook | wall time |\n|---|---|\n{rows}\n")
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", default=str(ROOT / "reference-run"))
+    run(Path(parser.parse_args().folder))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Figures: each saves a PNG whose title is computed from the numbers it plots."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from helpers.models import ModelInfo
+from helpers.plots import plot_prompt_split, plot_speedup_vs_prefix
+
+INFO = ModelInfo(name="test-model", source="synthetic", n_params=0, dtype="float32", device="cpu", threads=2)
+
+
+def title_of(fig) -> str:
+    """The axes title with set_title's line wrapping undone."""
+    return " ".join(fig.axes[0].get_title().split())
+
+
+# --- notebook 02: the prompt split ---
+
+
+def test_prompt_split_saves_a_figure_whose_title_names_the_prefix_and_its_share(tmp_path):
+    # 2 prompts of a 100-token prefix and 50 / 150 ticket tokens: the prefix is 200 of 400 prompt tokens.
+    fig, path = plot_prompt_split(100, [50, 150], 2, INFO, path=tmp_path / "split.png")
+    plt.close(fig)
+    assert path == tmp_path / "split.png" and path.stat().st_size > 0, "the figure was not saved where asked"
+    title = title_of(fig)
+    assert "The prefix is 100 tokens, 50% of these 2 prompts' tokens" in title, title
+    assert "2 label tokens" in title, f"the title should name the label tokens scored after the ticket: {title}"
+
+
+def test_prompt_split_leaves_the_label_part_out_when_no_label_tokens_follow(tmp_path):
+    fig, _ = plot_prompt_split(30, [10, 20, 30, 90], 0, INFO, path=tmp_path / "split.png")
+    plt.close(fig)
+    title = title_of(fig)
+    assert "30 tokens, 44% of these 4 prompts' tokens" in title, title  # 120 / 270
+    assert "label" not in title, title
+    assert len(fig.axes[0].patches) == 8, "two segments (prefix, ticket) per prompt when no label tokens follow"
+
+
+@pytest.mark.parametrize("prefix, tickets, labels, message", [
+    (100, [], 1, "at least one ticket"),
+    (0, [10], 1, "must be positive"),
+    (100, [10, 0], 1, "must be positive"),
+    (100, [10], -1, "must be positive"),
+])
+def test_prompt_split_refuses_impossible_token_counts(tmp_path, prefix, tickets, labels, message):
+    with pytest.raises(ValueError, match=message):
+        plot_prompt_split(prefix, tickets, labels, INFO, path=tmp_path / "split.png")
+
+
+# --- notebook 02: measured against ideal speedup ---
+
+
+def speedups(**extra) -> pd.DataFrame:
+    # Shares 50 % and 75 %: ideal 2x and 4x; measured 1.5x (75 % of it) and 2x (50 % of it).
+    return pd.DataFrame({"shots": [6, 0], "prefix_tokens": [300, 100], "prefix_share": [0.75, 0.5],
+                         "speedup": [2.0, 1.5], **extra})
+
+
+def test_speedup_figure_title_says_how_much_of_the_ideal_was_reached(tmp_path):
+    fig, path = plot_speedup_vs_prefix(speedups(), INFO, path=tmp_path / "speedup.png")
+    plt.close(fig)
+    assert path.stat().st_size > 0
+    title = title_of(fig)
+    assert "reached 50–75% of the ideal speedup" in title, title
+    assert "1.50x at 50% prefix share, 2.00x at 75%" in title, f"the ends should be in share order: {title}"
+
+
+def test_speedup_figure_uses_the_given_ideal_and_draws_the_profile_estimate(tmp_path):
+    frame = speedups(ideal_speedup=[2.5, 3.0], profile_speedup=[2.2, 1.4])  # 2.0 / 2.5 = 80 %, 1.5 / 3 = 50 %
+    fig, _ = plot_speedup_vs_prefix(frame, INFO, path=tmp_path / "speedup.png")
+    plt.close(fig)
+    assert "reached 50–80% of the ideal" in title_of(fig), title_of(fig)
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert any("profile" in text for text in legend), legend
+
+
+def test_speedup_figure_names_a_single_fraction_when_every_point_reached_the_same(tmp_path):
+    frame = pd.DataFrame({"shots": [0], "prefix_tokens": [100], "prefix_share": [0.5], "speedup": [1.8]})
+    fig, _ = plot_speedup_vs_prefix(frame, INFO, path=tmp_path / "speedup.png")
+    plt.close(fig)
+    assert "reached 90% of the ideal speedup" in title_of(fig), title_of(fig)
