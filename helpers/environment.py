@@ -16,13 +16,7 @@ PACKAGES = ("torch", "transformers", "gguf", "accelerate", "pandas", "matplotlib
 
 def versions(packages=PACKAGES) -> dict[str, str]:
     """Installed version of each package ("not installed" where missing)."""
-    found = {"python": platform.python_version()}
-    for name in packages:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
+    return {"python": platform.python_version(), **{name: installed_version(name) or "not installed" for name in packages}}
 
 
 def describe_environment() -> str:

@@ -28,6 +28,19 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
+def run_small(notebook: Path, declared, tmp_path: Path):
+    """Execute a notebook with the small parameters it declares, its outputs under tmp_path/out; nothing may land
+    in notebooks/ (lessons and solutions alike)."""
+    small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {})}
+    parameters = {name: value for name, value in small.items() if name in declared}
+    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
+    before = sorted(NOTEBOOK_DIR.rglob("*"))
+    executed = papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters,
+                                          cwd=str(tmp_path), progress_bar=False, kernel_name="python3")
+    assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
+    return executed
+
+
 def printed_lines(executed) -> list[str]:
     return "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", [])).splitlines()
 
@@ -74,16 +87,8 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
     sized = not notebook.stem.startswith("00")
     if sized:
         assert "TIME_BUDGET_S" in declared, f"{notebook.name}: no time budget parameter"
-    small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {})}
-    parameters = {name: value for name, value in small.items() if name in declared}
     assert "OUTPUT_DIR" in declared, f"{notebook.name}: no OUTPUT_DIR parameter for its figures and CSVs"
-    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
-    before = sorted(notebook.parent.rglob("*"))
-    executed = papermill.execute_notebook(
-        str(notebook), str(tmp_path / notebook.name), parameters=parameters, cwd=str(tmp_path),
-        progress_bar=False, kernel_name="python3",
-    )
-    assert sorted(notebook.parent.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
+    executed = run_small(notebook, declared, tmp_path)
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     saved = [line for line in printed_lines(executed) if "saved" in line]
     assert all(any(name in line for name in written) for line in saved), (saved, written)
@@ -97,12 +102,7 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
 def test_solutions_run_at_small_size(notebook, tmp_path):
     declared = papermill.inspect_notebook(str(notebook))
     assert "MODEL" in declared and "OUTPUT_DIR" in declared, f"{notebook.name}: parameters cell is missing knobs"
-    parameters = {name: value for name, value in SMALL.items() if name in declared}
-    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
-    before = sorted(NOTEBOOK_DIR.rglob("*"))
-    papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters, cwd=str(tmp_path),
-                               progress_bar=False, kernel_name="python3")
-    assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
+    run_small(notebook, declared, tmp_path)
 
 
 REFERENCE_RUN = NOTEBOOK_DIR.parent / "reference-run"
