@@ -105,7 +105,17 @@ def run_classify(args) -> int:
         prefix_cache=not args.no_prefix_cache, examples_path=args.examples, verify=args.verify,
         truncate=args.truncate, overwrite=args.overwrite, progress=not args.quiet,
     )
+    _close_processes()
     return 0
+
+
+def _close_processes() -> None:
+    """End a data-parallel run's process group on every process. Left to interpreter shutdown, the gloo group's
+    threads can abort a process that has finished its work ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_check(args) -> int:
