@@ -60,7 +60,7 @@ def run_bench(args) -> int:
         progress=not args.quiet, attention=args.attention, compile=args.compile,
     )
     columns = ["strategy", "batch_size", "dtype"] + (["compiled", "warmup_s"] if args.compile else []) + ["items_per_s", "items_per_s_min", "items_per_s_max", "speedup_vs_loop",
-               "tokenize_share", "padding_fraction", "agreement", "max_abs_diff", "roof_fraction", "peak_memory_mb"]
+               "tokenize_share", "padding_fraction", "agreement", "max_abs_diff", "roof_fraction", "kernel_ceiling", "peak_memory_mb"]
     first = frame.iloc[0]
     print(f"{first.model} · {first.device} · {first.threads} threads · {first.attention} attention · n={first.n} · "
           f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats" + (" · random weights: timing only" if first.timing_only else ""))

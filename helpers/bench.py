@@ -19,10 +19,17 @@ Not useful: padding, the prefix (computed once, outside the timing), softmax, no
 elementwise work. The roof is one matmul of the model's MLP shape, timed with ``torch.utils.benchmark``
 at a size that keeps the device busy (``profile.roof_shape``), so ``roof_fraction`` should stay below 1 (a test
 checks it for the embedded model in float32; a value above 1 means the roof was measured too low).
+
+**Kernel ceiling**: the roof fraction the row would reach if its forward passes were nothing but their matmuls
+and attention calls, each timed alone on the row's own shapes (``kernel_seconds``). Matmuls run close to the
+roof; CPU attention kernels run well below it (the softmax between the two products), and padded batches attend
+over padding. ``roof_fraction / kernel_ceiling`` is the share of the row's time those kernels take; the rest is
+norms, rotary embeddings, activations, copies and Python, the work ``torch.compile`` fuses.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
 import threading
@@ -36,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import NAME as GQA_ATTENTION
-from .batching import score_batched
+from .batching import plan_batches, score_batched
 from .data import (
     LABELS,
     build_prompt,
@@ -98,6 +105,50 @@ def matmul_roof(model, dtype: torch.dtype) -> float:
     """Measured FLOP/s of the model's MLP matmul in ``dtype`` (the profile's measurement, for a dtype it lacks)."""
     gflops = matmul_gflops(model.device, dtype, roof_shape(model, model.device))
     return gflops * 1e9 if gflops else float("nan")
+
+
+# --- what the matmul and attention kernels alone would take ------------------------------------------------
+
+
+def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
+    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row."""
+    return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
+
+
+@torch.inference_mode()
+def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 0, scored: int = 1) -> float:
+    """Seconds the matmuls and the attention kernel alone take for forward passes of these (rows, width) shapes.
+
+    What no implementation running these shapes on these kernels can beat: per distinct shape, one decoder layer's
+    linear layers and its attention call (SDPA over ``past_length`` cached keys plus the row's own, padding and
+    all), each timed alone and counted once per layer and pass, plus the output layer at ``scored`` positions per
+    row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations, residual adds,
+    cache copies and Python.
+    """
+    from .profile import _time_call
+
+    config, device, dtype = model.config, model.device, model.dtype
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    weights = [m.weight for m in model.get_decoder().layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    output = model.get_output_embeddings().weight
+    gqa = device.type == "cpu" and heads != kv_heads  # on CUDA a masked GQA call falls back to the math kernel
+    total = 0.0
+    for (rows, width), count in collections.Counter(shapes).items():
+        tokens = rows * width
+        inputs = {k: torch.randn(tokens, k, device=device, dtype=dtype) for k in {w.shape[1] for w in weights}}
+        linear = _time_call(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.0, 3)
+        query = torch.randn(rows, heads, width, head_dim, device=device, dtype=dtype)
+        keys = torch.randn(rows, heads if not gqa else kv_heads, past_length + width, head_dim, device=device, dtype=dtype)
+        # One unpadded row with nothing cached runs causal without a mask; anything else needs one.
+        mask = None if rows == 1 and past_length == 0 else torch.ones(
+            rows, 1, width, past_length + width, dtype=torch.bool, device=device).tril(past_length)
+        attend = _time_call(lambda: torch.nn.functional.scaled_dot_product_attention(
+            query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa), device, 0.0, 3)
+        hidden = torch.randn(rows * scored, config.hidden_size, device=device, dtype=dtype)
+        logits = _time_call(lambda: torch.nn.functional.linear(hidden, output), device, 0.0, 3)
+        total += count * (config.num_hidden_layers * (linear + attend) + logits)
+    return total
 
 
 # --- peak memory ---------------------------------------------------------------------------------------
@@ -207,6 +258,16 @@ def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress,
     return runs, memory, warmup
 
 
+def _row_kernel_seconds(model, lengths: Sequence[int], prefix: PrefixCache, scorer: LabelScorer, options: dict) -> float:
+    """``kernel_seconds`` of the forward passes ``score_batched`` runs for these prompt lengths with these options."""
+    cached = options["prefix"] is not None
+    own = [length - prefix.length for length in lengths] if cached else list(lengths)
+    tail = len(scorer.tail)
+    batches = plan_batches(own, options["strategy"], options["batch_size"], options["token_budget"],
+                           tokens_per_row=tail + (prefix.length if cached else 0))
+    return kernel_seconds(model, forward_shapes(own, batches, tail), prefix.length if cached else 0, 1 + tail)
+
+
 def _summarise(runs: list[LabelScores], reference: LabelScores) -> dict:
     rates = [run.info["items_per_s"] for run in runs]
     seconds = [run.info["seconds"] for run in runs]
@@ -301,15 +362,19 @@ def run_benchmark(
         if dtype == "float32":
             reference = runs["loop", 1, False][-1]
             loop_rate = _summarise(runs["loop", 1, False], reference)["items_per_s"]
+        kernels = {}  # (strategy, batch size) -> kernel-only seconds of its forward passes (compiled rows share it)
         for key in row_keys:
             name, batch_size, compiled = key
             if name == "generate":
                 with peak_memory(model.device) as peak:
                     measured = _time_generate(model, tokenizer, prompts, reference)
-                mb, warm, budget = peak["mb"], np.nan, None
+                mb, warm, budget, ceiling = peak["mb"], np.nan, None, np.nan
             else:
                 measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
                 budget = configs[key][1]["token_budget"]
+                if (name, batch_size) not in kernels:
+                    kernels[name, batch_size] = _row_kernel_seconds(model, lengths, prefix, scorer, configs[key][1])
+                ceiling = useful / kernels[name, batch_size] / roof
             # Generated tokens are not ticket tokens: no roof fraction for the generate row.
             useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)
             rows.append({
@@ -324,6 +389,7 @@ def run_benchmark(
                 "useful_gflops": useful_per_s / 1e9,
                 "roof_gflops": roof / 1e9,
                 "roof_fraction": useful_per_s / roof,
+                "kernel_ceiling": ceiling,
                 "model": info.name,
                 "timing_only": info.timing_only,
                 "device": info.device,

@@ -2,10 +2,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import bench
 from helpers.__main__ import main
 from helpers.bench import (
+    forward_shapes,
+    kernel_seconds,
     non_embedding_parameters,
     padding_by_strategy,
     run_benchmark,
@@ -15,7 +18,7 @@ from helpers.data import LABELS
 from helpers.scoring import LabelScorer
 
 REQUIRED = {"strategy", "batch_size", "dtype", "items_per_s", "items_per_s_min", "items_per_s_max", "tokenize_share",
-            "padding_fraction", "agreement", "roof_fraction", "model", "device", "attention", "n", "repeats"}
+            "padding_fraction", "agreement", "roof_fraction", "kernel_ceiling", "model", "device", "attention", "n", "repeats"}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,30 @@ def test_useful_work_never_exceeds_the_measured_roof(embedded):
     assert (frame["roof_fraction"] > 0).all() and (frame["roof_fraction"] <= 1).all(), frame["roof_fraction"]
     loop = frame.loc[frame["strategy"] == "loop", "roof_fraction"].item()
     assert loop == frame["roof_fraction"].min(), "the loop runs the prefix again for every ticket: the lowest useful share"
+    # A whole pipeline runs its matmuls and attention plus norms, copies and Python: slower than those kernels alone.
+    ceiling = frame.set_index("strategy")["kernel_ceiling"]
+    assert (frame.set_index("strategy")["roof_fraction"] < ceiling).all() and (ceiling <= 1).all(), frame
+
+
+def test_kernel_seconds_count_every_layer_of_every_forward_pass(tiny_qwen, monkeypatch):
+    """Each distinct shape is timed once (linear layers, attention, output layer): one second per timed call here."""
+    model, _, _ = tiny_qwen
+    calls = []
+    monkeypatch.setattr("helpers.profile._time_call", lambda call, device, *args: calls.append(call()) or 1.0)
+    layers = model.config.num_hidden_layers
+    shapes = [(2, 8), (2, 8), (1, 5)]
+    assert kernel_seconds(model, shapes, past_length=10, scored=2) == 3 * (2 * layers + 1)
+    assert len(calls) == 2 * 3, "three timed calls per distinct shape"
+    linear, attention, logits = calls[:3]
+    assert [tuple(out.shape) for out in linear] == [(16, m.out_features) for m in model.model.layers[0].modules()
+                                                     if isinstance(m, torch.nn.Linear)]
+    heads = model.config.num_attention_heads
+    assert attention.shape == (2, heads, 8, model.config.hidden_size // heads)
+    assert logits.shape == (2 * 2, model.config.vocab_size)
+
+
+def test_forward_shapes_pad_each_batch_to_its_longest_row_plus_the_label_tokens():
+    assert forward_shapes([5, 9, 3, 4], [[1, 0], [3, 2]], tail=1) == [(2, 10), (2, 5)]
 
 
 def test_useful_work_excludes_embeddings(tiny_qwen):
