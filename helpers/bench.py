@@ -23,8 +23,9 @@ checks it for the embedded model in float32; a value above 1 means the roof was 
 **Kernel ceiling**: the roof fraction the row would reach if its forward passes were nothing but their matmuls
 and attention calls, each timed alone on the row's own shapes (``kernel_seconds``). Matmuls run close to the
 roof; CPU attention kernels run well below it (the softmax between the two products), and padded batches attend
-over padding. ``roof_fraction / kernel_ceiling`` is the share of the row's time those kernels take; the rest is
-norms, rotary embeddings, activations, copies and Python, the work ``torch.compile`` fuses.
+over padding. ``roof_fraction / kernel_ceiling`` estimates the share of the row's time those kernels take (they
+are timed apart, with warm caches); the rest is norms, rotary embeddings, activations, copies and Python, the
+work ``torch.compile`` fuses.
 """
 
 from __future__ import annotations
@@ -116,32 +117,40 @@ def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tai
 
 
 @torch.inference_mode()
-def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 0, scored: int = 1) -> float:
-    """Seconds the matmuls and the attention kernel alone take for forward passes of these (rows, width) shapes.
+def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 0, scored: int = 1,
+                   masked: bool = False) -> float:
+    """Seconds the matmuls and the attention kernel alone would take for forward passes of these (rows, width) shapes.
 
-    What no implementation running these shapes on these kernels can beat: per distinct shape, one decoder layer's
-    linear layers and its attention call (SDPA over ``past_length`` cached keys plus the row's own, padding and
-    all), each timed alone and counted once per layer and pass, plus the output layer at ``scored`` positions per
-    row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations, residual adds,
-    cache copies and Python.
+    An estimate of the least time any implementation running these shapes on these kernels needs: per distinct
+    shape, one decoder layer's linear layers and its attention call (SDPA over ``past_length`` cached keys plus the
+    row's own, padding and all, with the key/value heads the model's attention gives it), each timed alone (best of
+    two after a warm-up, so with warm caches) and counted once per layer and pass, plus the output layer at ``scored``
+    positions per row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations,
+    residual adds, cache copies and Python. ``masked``: a 4D mask even for one unpadded row (tree-shaped label
+    continuations). NaN for a model whose layers hold no ``nn.Linear`` (nothing to time); every layer is assumed
+    to be shaped like the first.
     """
     from .profile import _time_call
 
     config, device, dtype = model.config, model.device, model.dtype
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    weights = [m.weight for m in model.get_decoder().layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    layers = getattr(model.get_decoder(), "layers", None)
+    weights = [m.weight for m in layers[0].modules() if isinstance(m, torch.nn.Linear)] if layers else []
+    if not weights:
+        return float("nan")
     output = model.get_output_embeddings().weight
-    gqa = device.type == "cpu" and heads != kv_heads  # on CUDA a masked GQA call falls back to the math kernel
+    # sdpa_gqa reads the shared key/value heads; transformers' sdpa copies them per query head first.
+    gqa = config._attn_implementation == GQA_ATTENTION and heads != kv_heads
     total = 0.0
     for (rows, width), count in collections.Counter(shapes).items():
         tokens = rows * width
         inputs = {k: torch.randn(tokens, k, device=device, dtype=dtype) for k in {w.shape[1] for w in weights}}
         linear = _time_call(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.0, 3)
         query = torch.randn(rows, heads, width, head_dim, device=device, dtype=dtype)
-        keys = torch.randn(rows, heads if not gqa else kv_heads, past_length + width, head_dim, device=device, dtype=dtype)
+        keys = torch.randn(rows, kv_heads if gqa else heads, past_length + width, head_dim, device=device, dtype=dtype)
         # One unpadded row with nothing cached runs causal without a mask; anything else needs one.
-        mask = None if rows == 1 and past_length == 0 else torch.ones(
+        mask = None if rows == 1 and past_length == 0 and not masked else torch.ones(
             rows, 1, width, past_length + width, dtype=torch.bool, device=device).tril(past_length)
         attend = _time_call(lambda: torch.nn.functional.scaled_dot_product_attention(
             query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa), device, 0.0, 3)
@@ -258,14 +267,27 @@ def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress,
     return runs, memory, warmup
 
 
-def _row_kernel_seconds(model, lengths: Sequence[int], prefix: PrefixCache, scorer: LabelScorer, options: dict) -> float:
-    """``kernel_seconds`` of the forward passes ``score_batched`` runs for these prompt lengths with these options."""
-    cached = options["prefix"] is not None
-    own = [length - prefix.length for length in lengths] if cached else list(lengths)
+def _row_kernel_seconds(model, encoded: Sequence[Sequence[int]], prefix: PrefixCache, scorer: LabelScorer,
+                        options: dict) -> float:
+    """``kernel_seconds`` of the forward passes ``score_batched`` runs for these tokenized prompts with these options.
+
+    As there, with the prefix cache the token-clean prompts run after the prefix and the others in full, each
+    group planned on its own.
+    """
     tail = len(scorer.tail)
-    batches = plan_batches(own, options["strategy"], options["batch_size"], options["token_budget"],
-                           tokens_per_row=tail + (prefix.length if cached else 0))
-    return kernel_seconds(model, forward_shapes(own, batches, tail), prefix.length if cached else 0, 1 + tail)
+    if options["prefix"] is None:
+        groups = [([len(ids) for ids in encoded], 0)]
+    else:
+        clean = [list(ids[: prefix.length]) == prefix.ids for ids in encoded]
+        groups = [([len(ids) - prefix.length for ids, ok in zip(encoded, clean) if ok], prefix.length),
+                  ([len(ids) for ids, ok in zip(encoded, clean) if not ok], 0)]
+    total = 0.0
+    for own, past in groups:
+        if own:
+            batches = plan_batches(own, options["strategy"], options["batch_size"], options["token_budget"],
+                                   tokens_per_row=tail + past)
+            total += kernel_seconds(model, forward_shapes(own, batches, tail), past, 1 + tail, masked=scorer.is_tree)
+    return total
 
 
 def _summarise(runs: list[LabelScores], reference: LabelScores) -> dict:
@@ -331,7 +353,8 @@ def run_benchmark(
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
         scorer = LabelScorer(tokenizer, LABELS)
         prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+        encoded = encode_prompts(tokenizer, prompts)
+        lengths = [len(ids) for ids in encoded]
         useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
@@ -373,7 +396,7 @@ def run_benchmark(
                 measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
                 budget = configs[key][1]["token_budget"]
                 if (name, batch_size) not in kernels:
-                    kernels[name, batch_size] = _row_kernel_seconds(model, lengths, prefix, scorer, configs[key][1])
+                    kernels[name, batch_size] = _row_kernel_seconds(model, encoded, prefix, scorer, configs[key][1])
                 ceiling = useful / kernels[name, batch_size] / roof
             # Generated tokens are not ticket tokens: no roof fraction for the generate row.
             useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)

@@ -115,6 +115,25 @@ def test_kernel_seconds_count_every_layer_of_every_forward_pass(tiny_qwen, monke
     assert logits.shape == (2 * 2, model.config.vocab_size)
 
 
+def test_kernel_seconds_attend_over_the_cached_prefix_with_the_models_key_heads(tiny_qwen, monkeypatch):
+    model, _, info = tiny_qwen
+    assert info.attention == "sdpa_gqa"
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((tuple(k.shape), kw)) or sdpa(q, k, v, **kw))
+    kernel_seconds(model, [(2, 8)], past_length=10)
+    kernel_seconds(model, [(1, 5)])
+    kernel_seconds(model, [(1, 5)], masked=True)
+    key_heads = model.config.num_key_value_heads
+    (padded_key, padded), (single_key, single), (_, tree) = seen[0], seen[3], seen[6]  # three calls per shape
+    assert padded_key == (2, key_heads, 18, model.config.hidden_size // model.config.num_attention_heads)
+    assert padded["enable_gqa"] and padded["attn_mask"].shape == (2, 1, 8, 18)
+    assert padded["attn_mask"][0, 0, 0].tolist() == [True] * 11 + [False] * 7, "row 0 sees the prefix and itself"
+    assert single["attn_mask"] is None and single["is_causal"], "one unpadded row runs causal, without a mask"
+    assert tree["attn_mask"] is not None, "tree-shaped labels need a mask even for one row"
+
+
 def test_forward_shapes_pad_each_batch_to_its_longest_row_plus_the_label_tokens():
     assert forward_shapes([5, 9, 3, 4], [[1, 0], [3, 2]], tail=1) == [(2, 10), (2, 5)]
 
