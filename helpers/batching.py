@@ -100,6 +100,11 @@ def global_padding_factor(lengths: Sequence[int]) -> float:
     return len(lengths) * max(lengths) / sum(lengths)
 
 
+def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
+    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row."""
+    return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
+
+
 def score_batched(
     model,
     tokenizer,
@@ -145,12 +150,15 @@ def score_batched(
         (list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)) if items]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     real = processed = n_batches = 0
+    passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
         for items, rows, group_prefix in groups:
             lengths = [len(row) for row in rows]
             # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
             overhead = len(scorer.tail) + (group_prefix.length if group_prefix is not None else 0)
             batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=overhead)
+            past = group_prefix.length if group_prefix is not None else 0
+            passes += [(rows_n, width, past) for rows_n, width in forward_shapes(lengths, batches, len(scorer.tail))]
             for batch in batches:
                 # Scores go back to their input slots: batches run in sorted order.
                 scores[[items[j] for j in batch]] = label_log_probs(
@@ -173,6 +181,7 @@ def score_batched(
         "n": len(prompts),
         "seconds": seconds,
         "tokenize_seconds": tokenized - start,  # part of "seconds": the rest is the forward passes
+        "forward_passes": passes,
         "items_per_s": len(prompts) / seconds,
         **PaddingReport(real, processed, n_batches).as_dict(),
     }

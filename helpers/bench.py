@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import NAME as GQA_ATTENTION
-from .batching import plan_batches, score_batched
+from .batching import score_batched
 from .data import (
     LABELS,
     build_prompt,
@@ -109,11 +109,6 @@ def matmul_roof(model, dtype: torch.dtype) -> float:
 
 
 # --- what the matmul and attention kernels alone would take ------------------------------------------------
-
-
-def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
-    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row."""
-    return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
 
 
 @torch.inference_mode()
@@ -267,27 +262,13 @@ def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress,
     return runs, memory, warmup
 
 
-def _row_kernel_seconds(model, encoded: Sequence[Sequence[int]], prefix: PrefixCache, scorer: LabelScorer,
-                        options: dict) -> float:
-    """``kernel_seconds`` of the forward passes ``score_batched`` runs for these tokenized prompts with these options.
-
-    As there, with the prefix cache the token-clean prompts run after the prefix and the others in full, each
-    group planned on its own.
-    """
-    tail = len(scorer.tail)
-    if options["prefix"] is None:
-        groups = [([len(ids) for ids in encoded], 0)]
-    else:
-        clean = [list(ids[: prefix.length]) == prefix.ids for ids in encoded]
-        groups = [([len(ids) - prefix.length for ids, ok in zip(encoded, clean) if ok], prefix.length),
-                  ([len(ids) for ids, ok in zip(encoded, clean) if not ok], 0)]
-    total = 0.0
-    for own, past in groups:
-        if own:
-            batches = plan_batches(own, options["strategy"], options["batch_size"], options["token_budget"],
-                                   tokens_per_row=tail + past)
-            total += kernel_seconds(model, forward_shapes(own, batches, tail), past, 1 + tail, masked=scorer.is_tree)
-    return total
+def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
+    """``kernel_seconds`` of the forward passes a ``score_batched`` run made (its ``info["forward_passes"]``)."""
+    by_past = collections.defaultdict(list)
+    for rows, width, past in run.info["forward_passes"]:
+        by_past[past].append((rows, width))
+    return sum(kernel_seconds(model, shapes, past, 1 + len(scorer.tail), masked=scorer.is_tree)
+               for past, shapes in by_past.items())
 
 
 def _summarise(runs: list[LabelScores], reference: LabelScores) -> dict:
@@ -353,8 +334,7 @@ def run_benchmark(
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
         scorer = LabelScorer(tokenizer, LABELS)
         prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        encoded = encode_prompts(tokenizer, prompts)
-        lengths = [len(ids) for ids in encoded]
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
         useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
@@ -396,7 +376,7 @@ def run_benchmark(
                 measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
                 budget = configs[key][1]["token_budget"]
                 if (name, batch_size) not in kernels:
-                    kernels[name, batch_size] = _row_kernel_seconds(model, encoded, prefix, scorer, configs[key][1])
+                    kernels[name, batch_size] = _row_kernel_seconds(model, runs[key][-1], scorer)
                 ceiling = useful / kernels[name, batch_size] / roof
             # Generated tokens are not ticket tokens: no roof fraction for the generate row.
             useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)

@@ -71,6 +71,9 @@ def test_a_token_budget_counts_the_cached_prefix_in_every_row(embedded, tickets,
                            progress=False)
     plan = plan_batches(suffixes, "token_budget", token_budget=budget, tokens_per_row=per_row)
     assert result.info["n_batches"] == len(plan) == 3, "4 rows of (prefix + longest suffix) fit the budget"
+    widths = [max(suffixes[i] for i in batch) + len(scorer.tail) for batch in plan]
+    assert result.info["forward_passes"] == [(len(b), w, cache.length) for b, w in zip(plan, widths)], \
+        "every forward pass is recorded with its rows, padded width and cached prefix (the benchmark's kernel ceiling)"
     assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), \
         "counting suffixes alone would pack more rows than the budget holds"
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)

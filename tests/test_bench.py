@@ -6,8 +6,8 @@ import torch
 
 from helpers import bench
 from helpers.__main__ import main
+from helpers.batching import forward_shapes
 from helpers.bench import (
-    forward_shapes,
     kernel_seconds,
     non_embedding_parameters,
     padding_by_strategy,
