@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Which torch to install when the venv has none. CPU-only machines can save gigabytes with a CPU build,
 # e.g. `make test TORCH_SPEC=torch==2.13.0` where pip finds a +cpu wheel.
-TORCH_SPEC ?= torch>=2.4
+TORCH_SPEC ?= torch>=2.6
 RUNS := runs
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export HF_HUB_DISABLE_TELEMETRY := 1

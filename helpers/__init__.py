@@ -1,10 +1,11 @@
 """Helpers for the course "Making a small language model fast for narrow automation".
 
 One module per idea, in the order the notebooks introduce them:
-``environment`` and ``models`` (00), ``profile`` (00: the machine profile every notebook sizes its work by),
-``data`` (00), ``scoring`` (01), ``prefix_cache`` (02), ``batching`` (03), ``bench`` and ``plots`` (04), and
-``classify`` for your own files.
-Command line: ``python -m helpers bench`` and ``python -m helpers classify``.
+``bootstrap`` (every notebook's setup cell), ``environment`` and ``models`` (00), ``profile`` (00: the machine
+profile every notebook sizes its work by), ``data`` (00), ``timing`` (01-04: clocks synchronised with the GPU),
+``scoring`` (01), ``prefix_cache`` (02), ``batching`` (03), ``bench`` and ``plots`` (04), and ``classify`` for
+your own files.
+Command line: ``python -m helpers check``, ``bench``, ``classify`` and ``setup-cells``.
 """
 
 __version__ = "0.1.0"

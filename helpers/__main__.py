@@ -1,5 +1,5 @@
-"""Command line: ``python -m helpers check`` (notebook 00), ``python -m helpers bench ...`` (notebook 04) and
-``python -m helpers classify ...``."""
+"""Command line: ``python -m helpers check`` (notebook 00), ``python -m helpers bench ...`` (notebook 04),
+``python -m helpers classify ...`` and ``python -m helpers setup-cells`` (the notebooks' first cell)."""
 
 from __future__ import annotations
 
@@ -37,15 +37,16 @@ def add_bench_parser(commands) -> None:
                        help=f"comma-separated, from {','.join((*STRATEGIES, *EXTRA_STRATEGIES))}")
     bench.add_argument("--batch-sizes", type=_csv_list(int), default=list(DEFAULT_BATCH_SIZES), help="e.g. 1,2,4,8,16,32,64")
     bench.add_argument("--dtypes", type=_csv_list(str), default=DEFAULT_DTYPES,
-                       help="e.g. float32,bfloat16 (default: float32, plus bfloat16 unless this machine runs it below half "
-                            "of float32's speed; naming a dtype forces it)")
+                       help="e.g. float32,float16 (default: float32, plus each half-precision dtype the machine profile "
+                            "measured at least half as fast on this device; naming a dtype forces it)")
     bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                        help=f"timed runs per row, in alternating row order; median, min and max reported (default {DEFAULT_REPEATS})")
     bench.add_argument("--compile", type=_csv_list(str), default=[],
                        help="strategies that also get a torch.compile'd row, e.g. sorted_prefix (its warm-up includes compiling)")
     bench.add_argument("--attention", default="auto",
                        help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else transformers' choice), sdpa, sdpa_gqa, eager")
-    bench.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    bench.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
+                       help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
     bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
     bench.add_argument("--csv", dest="csv_path", default=None, help="write the rows as CSV here")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -82,7 +83,10 @@ def add_classify_parser(commands) -> None:
     classify.add_argument("--output", required=True, help="where to write the result (.csv or .jsonl)")
     classify.add_argument("--text-column", default="text", help="the column holding the texts (default: text)")
     classify.add_argument("--model", default=None, help="hub id, local path or 'embedded' (default: as load_model)")
-    classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU and MPS; on CUDA "
+                          "bfloat16 from compute capability 8.0, float16 below it)")
+    classify.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
+                          help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
     classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"],
                           help="batching: sorted (default), loop, arbitrary or token_budget")
     classify.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
@@ -103,7 +107,7 @@ def run_classify(args) -> int:
         args.input, args.labels, args.output, text_column=args.text_column, model_name=args.model, dtype=args.dtype,
         strategy=args.strategy, batch_size=args.batch_size, token_budget=args.token_budget,
         prefix_cache=not args.no_prefix_cache, examples_path=args.examples, verify=args.verify,
-        truncate=args.truncate, overwrite=args.overwrite, progress=not args.quiet,
+        truncate=args.truncate, overwrite=args.overwrite, progress=not args.quiet, device=args.device,
     )
     _close_processes()
     return 0
@@ -123,7 +127,7 @@ def run_check(args) -> int:
     from .environment import EnvironmentProblem, check_environment
 
     try:
-        print(check_environment())
+        print(check_environment(commands=True))
     except EnvironmentProblem as problem:
         print(problem.report)
         print(problem, file=sys.stderr)
@@ -137,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("check", help="check this environment: versions, device, the embedded model, a Jupyter kernel")
     add_bench_parser(commands)
     add_classify_parser(commands)
+    from . import bootstrap
+
+    bootstrap.add_parser(commands)
     args = parser.parse_args(argv)
     try:
-        return {"check": run_check, "bench": run_bench, "classify": run_classify}[args.command](args)
+        return {"check": run_check, "bench": run_bench, "classify": run_classify,
+                "setup-cells": bootstrap.run}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         _settle_processes(error)

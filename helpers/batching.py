@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from .data import encode_prompts
 from .prefix_cache import UncleanSplitError
 from .scoring import LabelScorer, LabelScores, label_log_probs
+from .timing import sync
 
 STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
@@ -130,6 +131,7 @@ def score_batched(
         raise ValueError("no prompts to score")
     if unclean not in ("full", "raise"):
         raise ValueError(f"unclean must be 'full' or 'raise', got {unclean!r}")
+    sync(model.device)  # earlier queued GPU work is not this run's
     start = time.perf_counter()
     cached: dict[int, list[int]] = {}  # item -> its tokens after the prefix
     full: dict[int, list[int]] = {}  # item -> its whole prompt's tokens
@@ -168,6 +170,7 @@ def score_batched(
             report = padding_report(lengths, batches)
             real, processed = real + report.real_tokens, processed + report.processed_tokens
             n_batches += report.n_batches
+    sync(model.device)
     seconds = time.perf_counter() - start
     if torch.isnan(scores).any():
         bad = torch.isnan(scores).any(-1).nonzero().flatten().tolist()

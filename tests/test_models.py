@@ -68,10 +68,53 @@ def test_explicit_names_never_fall_back(monkeypatch):
 def test_dtype_names_are_resolved_and_bad_ones_refused():
     cpu = torch.device("cpu")
     assert pick_dtype(None, cpu) == torch.float32
-    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert pick_dtype(None, torch.device("mps")) == torch.float32
     assert pick_dtype("bf16", cpu) == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'float7'"):
         pick_dtype("float7", cpu)
+
+
+@pytest.mark.parametrize("capability, default, candidates", [
+    ((7, 5), torch.float16, [torch.float32, torch.float16]),  # a T4 (Colab, Kaggle): bfloat16 only emulated
+    ((7, 0), torch.float16, [torch.float32, torch.float16]),  # a V100
+    ((8, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an A100
+    ((9, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an H100 / H200
+])
+def test_cuda_dtypes_follow_the_compute_capability(capability, default, candidates):
+    cuda = torch.device("cuda")
+    assert pick_dtype(None, cuda, capability=capability) == default
+    assert models.dtype_candidates(cuda, capability=capability) == candidates
+    assert pick_dtype("float32", cuda, capability=capability) == torch.float32, "an explicit dtype always wins"
+
+
+def test_cpu_and_mps_dtype_candidates():
+    assert models.dtype_candidates("cpu") == [torch.float32, torch.bfloat16]
+    assert models.dtype_candidates("mps") == [torch.float32, torch.float16, torch.bfloat16]
+
+
+def test_an_unavailable_device_is_a_one_line_error():
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="device 'cuda' asked for, but torch sees no CUDA GPU"):
+            models.pick_device("cuda")
+    assert models.pick_device("cpu") == torch.device("cpu")
+
+
+def test_the_device_comes_from_the_argument_then_slm_device_then_the_best_available(monkeypatch):
+    monkeypatch.setenv("SLM_DEVICE", "cpu")  # e.g. SLM_DEVICE=cpu make notebooks on a GPU machine
+    assert models.pick_device() == torch.device("cpu")
+    monkeypatch.setenv("SLM_DEVICE", "auto")
+    best = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert models.pick_device().type == best and models.pick_device("auto").type == best
+
+
+def test_threads_are_shared_out_among_the_processes_of_one_machine(monkeypatch):
+    monkeypatch.setattr(models, "cpu_threads", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert models.process_threads() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # e.g. torchrun --nproc_per_node 4 on a 4-GPU box
+    assert models.process_threads() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert models.process_threads() == 1
 
 
 def test_converted_cache_is_reused():

@@ -28,10 +28,10 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
-def run_small(notebook: Path, declared, tmp_path: Path):
-    """Execute a notebook with the small parameters it declares, its outputs under tmp_path/out; nothing may land
-    in notebooks/ (lessons and solutions alike)."""
-    small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {})}
+def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = None):
+    """Execute a notebook with the small parameters it declares (and ``extra``), its outputs under tmp_path/out;
+    nothing may land in notebooks/ (lessons and solutions alike)."""
+    small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {}), **(extra or {})}
     parameters = {name: value for name, value in small.items() if name in declared}
     parameters["OUTPUT_DIR"] = str(tmp_path / "out")
     before = sorted(NOTEBOOK_DIR.rglob("*"))

@@ -40,6 +40,29 @@ def test_a_dtype_below_half_of_float32_is_skipped_unless_asked_for():
     assert synthetic(bf16=70.0, fp32=124.0).choose_dtypes(None)[0] == ["float32", "bfloat16"], "0.56x is kept"
 
 
+def test_a_gpu_profile_keeps_its_fast_half_precision_dtypes():
+    # A T4: the profile measured float32 and float16 only (bfloat16 is no candidate below compute capability 8.0).
+    t4 = MachineProfile(machine="cuda: Tesla T4", torch="0", model="test", dtype="float32", device="cuda", threads=2,
+                        matmul_gflops={"float32": 7000.0, "float16": 40000.0}, prefill=[(1, 10.0)], decode={1: 1.0})
+    assert t4.choose_dtypes(None) == (["float32", "float16"], [])
+    # Apple MPS where bfloat16 measured slow: float16 kept, bfloat16 dropped with its line.
+    mps = MachineProfile(machine="mps: Apple arm64", torch="0", model="test", dtype="float32", device="mps", threads=8,
+                         matmul_gflops={"float32": 3000.0, "float16": 5000.0, "bfloat16": 900.0}, prefill=[(1, 10.0)],
+                         decode={1: 1.0})
+    chosen, lines = mps.choose_dtypes(None)
+    assert chosen == ["float32", "float16"] and len(lines) == 1 and lines[0].startswith("bfloat16 skipped")
+
+
+def test_the_profile_measures_the_candidates_of_its_device(embedded, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(profiles, "prefill_curve", lambda model: [(1, 10.0), (4, 30.0)])  # the matmuls are what matter here
+    monkeypatch.setattr(profiles, "decode_step_tokens_per_s", lambda model, batch: 1.0)
+    monkeypatch.setattr(profiles, "matmul_gflops", lambda device, dtype, shape: {"float32": 100.0, "bfloat16": 80.0}[str(dtype)[6:]])
+    model, _, info = embedded
+    measured = machine_profile(model, info, refresh=True, verbose=False)
+    assert list(measured.matmul_gflops) == ["float32", "bfloat16"], "a CPU measures float32 and bfloat16, not float16"
+
+
 def test_sizing_takes_the_largest_count_within_the_budget_with_floor_cap_and_override():
     cost = lambda n: 2.0 + 0.5 * n  # noqa: E731
     assert size_to_budget(30, cost, floor=4, cap=600)[0] == 56

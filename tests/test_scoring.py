@@ -297,3 +297,29 @@ def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
     assert "overlapping" in fig.axes[0].get_title()
     with pytest.raises(ValueError, match="accuracy_low"):
         plot_accuracy_intervals(pd.DataFrame(rows).drop(columns="accuracy_low"), info, path=tmp_path / "c.png")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_tree_mask_stays_finite_when_added_to_scores_in_low_precision(embedded, dtype):
+    """A kernel that adds the mask to the attention scores in the model's dtype must not get -inf (a row of -inf is
+    NaN after the softmax, and a NaN in a padding row spreads through the values)."""
+    from helpers.scoring import _tree_mask, batch_inputs
+
+    _, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, ["bug report", "refund request", "billing question about refunds"])
+    _, mask, _ = batch_inputs(scorer, [[1, 2], [1, 2, 3, 4]], tokenizer.pad_token_id)  # the first row left-padded
+    additive = _tree_mask(mask, scorer, past_length=0, dtype=dtype)
+    assert (additive < -1000).any(), "the mask should block something"
+    scores = torch.full_like(additive, -300.0)  # a strongly negative attention score, in the same dtype
+    assert torch.isfinite(additive + scores).all(), f"mask + score overflows to -inf in {dtype}"
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)])
+def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
+    from helpers.scoring import tolerance_for
+
+    tolerance = tolerance_for(getattr(torch, dtype))
+    assert tolerance.atol == atol and tolerance.near_ties == (dtype != "float32")
+    assert str(tolerance).startswith(dtype) and ("near-ties" in str(tolerance)) == (dtype != "float32")
+    with pytest.raises(ValueError, match="no agreement tolerance for dtype 'int8'"):
+        tolerance_for("int8")
