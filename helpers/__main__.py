@@ -27,6 +27,7 @@ def add_bench_parser(commands) -> None:
         EXTRA_STRATEGIES,
         STRATEGIES,
     )
+    from .models import DEVICES
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
     bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
@@ -45,7 +46,7 @@ def add_bench_parser(commands) -> None:
                        help="strategies that also get a torch.compile'd row, e.g. sorted_prefix (its warm-up includes compiling)")
     bench.add_argument("--attention", default="auto",
                        help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else transformers' choice), sdpa, sdpa_gqa, eager")
-    bench.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
+    bench.add_argument("--device", default=None, choices=DEVICES,
                        help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
     bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
     bench.add_argument("--csv", dest="csv_path", default=None, help="write the rows as CSV here")
@@ -77,6 +78,8 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
+    from .models import DEVICES
+
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     classify.add_argument("input", help="a .csv or .jsonl file")
     classify.add_argument("--labels", required=True, help="comma-separated, e.g. billing,technical,account")
@@ -85,7 +88,7 @@ def add_classify_parser(commands) -> None:
     classify.add_argument("--model", default=None, help="hub id, local path or 'embedded' (default: as load_model)")
     classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU and MPS; on CUDA "
                           "bfloat16 from compute capability 8.0, float16 below it)")
-    classify.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
+    classify.add_argument("--device", default=None, choices=DEVICES,
                           help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
     classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"],
                           help="batching: sorted (default), loop, arbitrary or token_budget")

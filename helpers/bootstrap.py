@@ -15,11 +15,13 @@ test fails when a notebook's copy differs from it.
 
 from __future__ import annotations
 
-import argparse
+import ast
 import re
 from pathlib import Path
 
 import nbformat
+
+from .executed import sources as course_notebooks
 
 CELL_TAG = "setup"
 SETUP_CELL = '''\
@@ -50,21 +52,24 @@ def setup_cell(source: str = "") -> str:
     return SETUP_CELL.format(source=source)
 
 
+def _setup_cell_in(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+    return next((cell for cell in notebook.cells if cell.cell_type == "code" and CELL_TAG in cell.metadata.get("tags", [])),
+                None)
+
+
+def _source_in(cell: nbformat.NotebookNode | None) -> str:
+    found = _SOURCE_LINE.search(cell.source) if cell is not None else None
+    return ast.literal_eval(found.group(1)) if found else ""
+
+
 def setup_cell_of(path: Path) -> nbformat.NotebookNode | None:
     """A notebook's setup cell (the code cell tagged ``setup``), or None."""
-    cells = nbformat.read(path, as_version=4).cells
-    return next((cell for cell in cells if cell.cell_type == "code" and CELL_TAG in cell.metadata.get("tags", [])), None)
+    return _setup_cell_in(nbformat.read(path, as_version=4))
 
 
 def current_source(path: Path) -> str:
     """The ``COURSE_SOURCE`` a notebook's setup cell names ("" where it has none)."""
-    cell = setup_cell_of(path)
-    found = _SOURCE_LINE.search(cell.source) if cell is not None else None
-    if found is None:
-        return ""
-    import ast
-
-    return ast.literal_eval(found.group(1))
+    return _source_in(setup_cell_of(path))
 
 
 def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[Path]:
@@ -73,11 +78,12 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
     changed = []
     for path in notebooks:
         notebook = nbformat.read(path, as_version=4)
-        wanted = setup_cell(current_source(path) if source is None else source)
-        cell = setup_cell_of(path)
+        cell = _setup_cell_in(notebook)
+        wanted = setup_cell(_source_in(cell) if source is None else source)
         if cell is not None and cell.source == wanted:
             continue
-        notebook.cells = [c for c in notebook.cells if not (c.cell_type == "code" and CELL_TAG in c.metadata.get("tags", []))]
+        if cell is not None:
+            notebook.cells.remove(cell)
         first_code = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "code"), len(notebook.cells))
         new = nbformat.v4.new_code_cell(wanted, metadata={"tags": [CELL_TAG]})
         new.id = f"{path.stem[:2]}-setup"
@@ -85,11 +91,6 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
         nbformat.write(notebook, path)
         changed.append(path)
     return changed
-
-
-def course_notebooks(root: Path) -> list[Path]:
-    notebooks = root / "notebooks"
-    return sorted(notebooks.glob("[0-9][0-9]_*.ipynb")) + sorted((notebooks / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 
 def add_parser(commands) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "solutions").glob("[0-9][0-9]_*.ipynb"))
+from helpers.executed import sources
+
+NOTEBOOKS = sources()
 # Calls that build a tensor on the CPU unless told a device.
 BUILDERS = {"tensor", "as_tensor", "full", "zeros", "ones", "empty", "arange", "randint", "randn", "rand", "pad_left"}
 # Calls that build a tensor where their first argument lives.
