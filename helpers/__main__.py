@@ -95,6 +95,9 @@ def add_classify_parser(commands) -> None:
     classify.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
     classify.add_argument("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
     classify.add_argument("--no-prefix-cache", action="store_true", help="run every prompt in full")
+    classify.add_argument("--whole-answers", action="store_true", default=None,
+                          help="score each label followed by the end-of-answer marker (default: only when a label's "
+                               "tokens start another's, e.g. account / account change, where it is needed)")
     classify.add_argument("--examples", default=None, help="few-shot examples: a .csv/.jsonl with text and label columns")
     classify.add_argument("--verify", type=int, default=0, metavar="K",
                           help="re-run K random rows one at a time and fail on any disagreement")
@@ -109,7 +112,7 @@ def run_classify(args) -> int:
     classify_file(
         args.input, args.labels, args.output, text_column=args.text_column, model_name=args.model, dtype=args.dtype,
         strategy=args.strategy, batch_size=args.batch_size, token_budget=args.token_budget,
-        prefix_cache=not args.no_prefix_cache, examples_path=args.examples, verify=args.verify,
+        prefix_cache=not args.no_prefix_cache, whole_answers=args.whole_answers, examples_path=args.examples, verify=args.verify,
         truncate=args.truncate, overwrite=args.overwrite, progress=not args.quiet, device=args.device,
     )
     _close_processes()

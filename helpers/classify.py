@@ -283,9 +283,11 @@ def prepare_prompts(
     max_tokens: int,
     truncate: bool,
     source: str = "input",
+    end_tokens: int = 0,
 ) -> PreparedPrompts:
     """Prompts for every text; a prompt too long for the model is an error, or cut at the head with ``truncate``."""
-    label_room = max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in labels)
+    # Room for the longest label (with its end-of-answer marker when whole answers are scored).
+    label_room = max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in labels) + end_tokens
     overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
     budget = max_tokens - label_room - overhead
     if budget < 1:
@@ -425,6 +427,7 @@ def classify_file(
     batch_size: int = 8,
     token_budget: int | None = None,
     prefix_cache: bool = True,
+    whole_answers: bool | None = None,
     examples_path: str | Path | None = None,
     verify: int = 0,
     truncate: bool = False,
@@ -440,11 +443,13 @@ def classify_file(
     on rank 0 only, verification and the atomic write. ``say`` receives the messages for a person
     (stderr by default), from rank 0 only. ``device``: "cpu", "cuda", "mps" or "auto" (CUDA, then MPS, then the
     CPU); None reads ``$SLM_DEVICE``, else auto. Under a launcher each process takes its own GPU.
+    ``whole_answers``: score each label followed by the chat template's end-of-answer marker (``LabelScorer``'s
+    ``complete``); None does so only when a label's tokens start another's (``account`` / ``account change``).
     """
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    from .models import load_model, pick_device
+    from .models import load_model, load_tokenizer, pick_device
 
     start = time.perf_counter()
     try:
@@ -478,12 +483,26 @@ def classify_file(
     checked_labels, output, table, examples = _step(state, check)
     run_strategy = "token_budget" if token_budget else strategy
 
+    def label_scorer():
+        # The labels as tokens, before the model loads: labels only whole answers tell apart, with a template
+        # that marks no end of an answer, stop here in one line.
+        try:
+            return LabelScorer(load_tokenizer(model_name), checked_labels, complete=whole_answers)
+        except ValueError as error:
+            raise InputError(f"--labels: {error}") from None
+
+    scorer = _step(state, label_scorer)
+    if scorer.complete:
+        why = ("--whole-answers" if not scorer.overlaps else
+               f"needed: {scorer.overlaps[0][1]!r} starts with all of {scorer.overlaps[0][0]!r}'s tokens")
+        tell(f"scoring whole answers, each label followed by the end-of-answer marker ({why})")
+
     def score_share():
         # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
         model, tokenizer, info = load_model(model_name, dtype=dtype, device=run_device, verbose=main)
-        scorer = LabelScorer(tokenizer, checked_labels)
         prepared = prepare_prompts(tokenizer, table.texts, checked_labels, examples,
-                                   context_length(model, tokenizer), truncate, source=str(table.path))
+                                   context_length(model, tokenizer), truncate, source=str(table.path),
+                                   end_tokens=len(scorer.end_ids))
         prefix = (PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
                   if prefix_cache else None)
         with state.split_between_processes(list(range(len(table)))) as mine:
@@ -494,9 +513,9 @@ def classify_file(
                                    batch_size, token_budget, prefix, progress=main and progress)
             full = set(result.info["full_prompt_items"])
             shard = [(i, row.tolist(), j in full) for j, (i, row) in enumerate(zip(mine, result.log_scores))]
-        return model, tokenizer, info, scorer, prepared, shard
+        return model, tokenizer, info, prepared, shard
 
-    model, tokenizer, info, scorer, prepared, shard = _step(state, score_share)
+    model, tokenizer, info, prepared, shard = _step(state, score_share)
     if prepared.truncated_rows:
         tell(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
              f"{_rows_text(prepared.truncated_rows, limit=10)}")

@@ -63,12 +63,29 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     nbformat.write(notebook, path)
 
 
+def _table_rows(readme: Path) -> dict[str, str]:
+    """The README's notebook rows, keyed by link target (empty when there is no README yet)."""
+    rows = {}
+    if readme.is_file():
+        for line in readme.read_text().splitlines():
+            if line.startswith("| [") and "](" in line:
+                rows[line.split("](", 1)[1].split(")", 1)[0]] = line
+    return rows
+
+
 def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, float]]:
-    """Execute every notebook into ``folder`` (figures and CSVs too), stamp each, write the folder's README."""
+    """Execute every notebook (or only ``notebooks``) into ``folder`` (figures and CSVs too), stamp each, and write
+    the folder's README: one row per notebook with its wall time and date; the rows of notebooks not rerun stay."""
     import papermill
 
     folder = Path(folder).resolve()
     machine = machine_line()
+    today = datetime.date.today().isoformat()
+    readme = folder / "README.md"
+    rows = _table_rows(readme) if notebooks else {}
+    # Rows from a README written before rows carried dates: the date it gave for the whole run.
+    earlier = readme.read_text().split("**Date:** ", 1)[1].split(".", 1)[0] if notebooks and readme.is_file() and \
+        "**Date:** " in readme.read_text() else ""
     timings = []
     for source in notebooks or sources():
         target = copy_of(source, folder)
@@ -80,20 +97,32 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         seconds = time.perf_counter() - start
         stamp(target, machine, seconds, source)
         timings.append((target, seconds))
-    rows = "\n".join(f"| [{t.relative_to(folder)}]({t.relative_to(folder)}) | {s:.0f} s |" for t, s in timings)
-    (folder / "README.md").write_text(
+        link = target.relative_to(folder).as_posix()
+        rows[link] = f"| [{link}]({link}) | {seconds:.0f} s | {today} |"
+    table = "\n".join(row if row.count("|") == 4 else f"{row} {earlier} |" for _, row in sorted(rows.items()))
+    readme.write_text(
         f"# Reference run\n\nThe course's notebooks executed once, with their outputs and figures, for reading without "
-        f"running. **Machine:** {machine}. **Date:** {datetime.date.today().isoformat()}. Regenerate with "
-        f"`make reference`; the tests fail when a copy's code no longer matches its source notebook.\n\n"
+        f"running. **Machine:** {machine} (each notebook's first cell names the machine it ran on). Regenerate with "
+        f"`make reference`, or one notebook with `python -m helpers.executed reference-run --only 01`; the tests fail "
+        f"when a copy's code no longer matches its source notebook.\n\n"
         f"Every number here is that machine's. The notebooks size their work to the machine they run on, so yours "
-        f"will run other ticket counts and show other numbers.\n\n| notebook | wall time |\n|---|---|\n{rows}\n")
+        f"will run other ticket counts and show other numbers.\n\n| notebook | wall time | executed |\n|---|---|---|\n"
+        f"{table}\n")
     return timings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", nargs="?", default=str(ROOT / "reference-run"))
-    run(Path(parser.parse_args().folder))
+    parser.add_argument("--only", nargs="+", metavar="NN", default=None,
+                        help="rerun only these lessons and their solutions (e.g. --only 01 03); other rows stay")
+    args = parser.parse_args()
+    chosen = None
+    if args.only:
+        chosen = [path for path in sources() if path.name[:2] in args.only]
+        if not chosen:
+            parser.error(f"no notebook numbered {', '.join(args.only)}")
+    run(Path(args.folder), chosen)
 
 
 if __name__ == "__main__":

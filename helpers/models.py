@@ -290,6 +290,24 @@ def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
     return model, tokenizer
 
 
+def load_tokenizer(name: str | None = None):
+    """The tokenizer ``load_model(name)`` would return, without loading the model: a command checks its labels with
+    it (``LabelScorer``) before spending the time a model load takes."""
+    from transformers import AutoTokenizer
+
+    resolved, _ = resolve_name(name)
+    if resolved == EMBEDDED or resolved in TWINS:  # the twins use the embedded model's tokenizer
+        return prepare_tokenizer(AutoTokenizer.from_pretrained(convert_embedded()))
+    if resolved.startswith("twin:"):
+        raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
+    kwargs = {"local_files_only": True} if (_offline() or (not Path(resolved).exists() and _hub_cached(resolved))) else {}
+    try:
+        return prepare_tokenizer(AutoTokenizer.from_pretrained(resolved, **kwargs))
+    except OSError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RuntimeError(f"cannot load the tokenizer of {resolved!r}: {first}") from error
+
+
 def load_model(
     name: str | None = None,
     *,

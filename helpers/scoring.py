@@ -6,12 +6,19 @@ the last position's logits (the first-token shortcut, exact). Otherwise the mult
 are appended after the prompt in the same forward pass, each label a branch that sees the prompt but not the
 other labels, so the prompt is processed once and there is one forward per batch.
 
+That score says "the answer starts with this label". When one label's tokens begin another's (``account`` and
+``account change``), the longer label's score is the shorter's plus one more log-prob, so it can never win. Scored
+as *whole answers*, each label followed by the end-of-answer marker the chat template puts after an assistant turn
+(``<|im_end|>`` for Qwen and SmolLM2), the score means "the answer is this label", and either can win. ``LabelScorer``
+does that by itself when labels overlap that way (``complete=None``), always with ``complete=True``.
+
 Every optimized path in the series (prefix cache, batching) goes through ``label_log_probs`` and is
 checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -45,25 +52,95 @@ def check_labels(labels: Sequence[str]) -> list[str]:
     return labels
 
 
+# A stand-in answer, rendered through the chat template to see what the template puts after an answer.
+_SENTINEL = "Zq7Xv"
+
+
+def end_of_answer_ids(tokenizer) -> list[int] | None:
+    """The tokens the tokenizer's chat template puts right after an assistant's answer, up to and including the
+    first special token (``[<|im_end|>]`` for Qwen and SmolLM2, ``[<|eot_id|>]`` for Llama 3); None when the
+    tokenizer has no chat template or the template marks no end of the answer with a special token.
+
+    Derived from the template itself (an assistant turn rendered around a stand-in answer), not hard-coded.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # a template that cannot render an assistant turn marks no end of one either
+        return None
+    if not isinstance(rendered, str) or rendered.count(_SENTINEL) != 1:
+        return None
+    after = tokenizer(rendered.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special}
+    for end, token in enumerate(after):
+        if token in special:
+            return after[: end + 1]
+    return None
+
+
+def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs (shorter, longer) of labels whose tokens start with all of the shorter one's tokens (``account``,
+    ``account change``): scored as answer prefixes, the longer can never beat the shorter."""
+    pairs = []
+    for i, short in enumerate(token_ids):
+        for j, long in enumerate(token_ids):
+            if i != j and len(short) < len(long) and list(long[: len(short)]) == list(short):
+                pairs.append((labels[i], labels[j]))
+    return pairs
+
+
 class LabelScorer:
     """The label set as token sequences, and how to score them.
 
     ``method="auto"`` uses the first-token shortcut only when it is exact (every label one token)
     and full-sequence scoring otherwise. ``normalize=True`` divides a label's log-prob by its token
     count (length-normalised), which stops long labels from being penalised for their length.
+    ``complete``: score whole answers, each label followed by the chat template's end-of-answer marker
+    (``end_of_answer_ids``). None (the default) does so only when it is needed for correctness, i.e. when a
+    label's tokens start another's; True always; False never (answer prefixes: the longer of two such labels
+    can then never win; notebook 01 shows it). A label set that needs the marker from a template without one is
+    a one-line ``ValueError`` naming the two labels.
     """
 
-    def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False):
+    def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False,
+                 complete: bool | None = None):
         labels = check_labels(labels)
         if method not in METHODS:
             raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
+        if complete not in (None, True, False):
+            raise ValueError(f"complete must be None (when needed), True or False, got {complete!r}")
         self.labels = labels
-        self.token_ids: list[list[int]] = []
+        self.label_ids: list[list[int]] = []  # each label's own tokens, without any end marker
         for label in labels:
             ids = tokenizer(label, add_special_tokens=False)["input_ids"]
             if not ids:
                 raise ValueError(f"label {label!r} tokenizes to nothing")
-            self.token_ids.append(ids)
+            self.label_ids.append(ids)
+        seen: dict[tuple[int, ...], str] = {}
+        for label, ids in zip(labels, self.label_ids):
+            if tuple(ids) in seen:
+                raise ValueError(f"labels {seen[tuple(ids)]!r} and {label!r} are the same tokens: no score can tell "
+                                 "them apart")
+            seen[tuple(ids)] = label
+        self.overlaps = extending_pairs(self.label_ids, labels)
+        self.end_ids = end_of_answer_ids(tokenizer) if complete is not False else None
+        if complete is None:
+            complete = bool(self.overlaps)
+        if complete and not self.end_ids:
+            if self.overlaps:
+                short, long = self.overlaps[0]
+                raise ValueError(f"label {long!r} starts with all of {short!r}'s tokens, so only whole answers can tell "
+                                 "them apart, and this tokenizer's chat template marks no end of an answer: rename one")
+            raise ValueError("whole answers need an end-of-answer marker, and this tokenizer's chat template has none")
+        if complete and method == "first_token":
+            raise ValueError("whole answers are several tokens each: use method='sequence' (or 'auto')")
+        self.complete = bool(complete)
+        self.end_ids = self.end_ids if self.complete else []
+        # What is scored per label: its tokens, and the end marker when scoring whole answers.
+        self.token_ids: list[list[int]] = [ids + self.end_ids for ids in self.label_ids]
         self.first_ids = [ids[0] for ids in self.token_ids]
         single = all(len(ids) == 1 for ids in self.token_ids)
         if method == "auto":
@@ -98,8 +175,9 @@ class LabelScorer:
         return self.method == "sequence" and len(self.multi) > 1
 
     def describe(self) -> str:
-        tokens = ", ".join(f"{lab}={len(ids)}" for lab, ids in zip(self.labels, self.token_ids))
-        return f"method={self.method}, tokens per label: {tokens}"
+        tokens = ", ".join(f"{lab}={len(ids)}" for lab, ids in zip(self.labels, self.label_ids))
+        end = f", whole answers (+{len(self.end_ids)} end-of-answer token)" if self.complete else ""
+        return f"method={self.method}, tokens per label: {tokens}{end}"
 
     def __repr__(self) -> str:
         return f"LabelScorer({self.labels}, {self.describe()})"
@@ -448,6 +526,23 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return low, high
 
 
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """McNemar's exact test for two classifiers scored on the same items: the two-sided p-value that the items only
+    the first got right (``only_first``) and those only the second got right (``only_second``) split as unevenly
+    as this by chance. Items both got right or both got wrong say nothing about which is better, so they are not
+    arguments: pass the two discordant counts. A paired test: unlike comparing two intervals, it uses the fact that
+    both were scored on the same tickets.
+    """
+    for name, value in (("only_first", only_first), ("only_second", only_second)):
+        if value < 0 or int(value) != value:
+            raise ValueError(f"{name}={value} must be a whole number >= 0")
+    n, k = int(only_first + only_second), int(min(only_first, only_second))
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 # --- which labels a tokenizer splits (notebook 01 derives its examples from the loaded tokenizer) ----------
 
 # Plausible support-ticket label words, for examples that must hold with any tokenizer.
@@ -492,3 +587,19 @@ def single_token_labels(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS,
     candidates = list(dict.fromkeys(candidates))
     single = [word for word, ids in zip(candidates, _label_ids(tokenizer, candidates)) if len(ids) == 1]
     return single[:count] if len(single) >= count else None
+
+
+# Words that often follow a label word in real taxonomies (``account change``, ``bug report``, ``refund request``).
+EXTENSIONS = (" change", " report", " request", " issue")
+
+
+def extending_pair(tokenizer, bases: Sequence[str] = ("account", "bug", "refund", "billing", "login", "order"),
+                   extensions: Sequence[str] = EXTENSIONS) -> tuple[str, str] | None:
+    """Two labels, the second the first plus a word, whose tokens start with all of the first's tokens with this
+    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None."""
+    for base in bases:
+        for extension in extensions:
+            longer = base + extension
+            if extending_pairs(_label_ids(tokenizer, [base, longer]), [base, longer]):
+                return base, longer
+    return None

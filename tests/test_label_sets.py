@@ -1,7 +1,8 @@
 """Label sets of every shape, scored every way, equal the one-at-a-time reference on every item.
 
 Users bring their own labels: all single tokens (the first-token path), one multi-token label, several
-multi-token labels of different lengths (one continuation row per label and ticket), length-normalised.
+multi-token labels of different lengths (one continuation row per label and ticket), length-normalised, labels
+that extend one another (scored as whole answers, with the end-of-answer marker), whole answers on request.
 Each is checked at batch 1 and batch > 1, with and without the prefix cache, on both architectures.
 """
 
@@ -23,32 +24,43 @@ SINGLE = ["payment", "technical", "account"]
 ONE_MULTI = ["billing", "technical", "account"]  # "b" + "illing"
 THREE_MULTI = ["bug report", "refund request", "billing question about refunds"]  # 2, 3 and 6 tokens
 MIXED = ["bug report", "technical", "refund request"]  # two multi-token labels around a single-token one
+EXTENDING = ["account", "account change", "billing"]  # one label's tokens start another's: whole answers
+THREE_LEVELS = ["bug", "bug report", "bug report urgent"]  # 1, 2, 3 tokens, each extending the one before
+# name: (labels, normalize, complete)
 LABEL_SETS = {
-    "single_tokens": (SINGLE, False),
-    "one_multi_token": (ONE_MULTI, False),
-    "three_multi_token": (THREE_MULTI, False),
-    "three_multi_token_normalized": (THREE_MULTI, True),
-    "two_multi_around_a_single": (MIXED, False),
+    "single_tokens": (SINGLE, False, None),
+    "one_multi_token": (ONE_MULTI, False, None),
+    "three_multi_token": (THREE_MULTI, False, None),
+    "three_multi_token_normalized": (THREE_MULTI, True, None),
+    "two_multi_around_a_single": (MIXED, False, None),
+    "extending": (EXTENDING, False, None),
+    "three_levels": (THREE_LEVELS, False, None),
+    "three_levels_normalized": (THREE_LEVELS, True, None),
+    "whole_answers_on_request": (SINGLE, False, True),
 }
 N = 10
 
 
 def test_the_label_sets_have_the_shapes_they_are_named_after(embedded):
     _, tokenizer, _ = embedded
-    token_counts = {name: [len(ids) for ids in LabelScorer(tokenizer, labels).token_ids]
-                    for name, (labels, _) in LABEL_SETS.items()}
+    scorers = {name: LabelScorer(tokenizer, labels, complete=complete)
+               for name, (labels, _, complete) in LABEL_SETS.items()}
+    token_counts = {name: [len(ids) for ids in scorer.label_ids] for name, scorer in scorers.items()}
     assert token_counts["single_tokens"] == [1, 1, 1]
     assert LabelScorer(tokenizer, SINGLE).method == "first_token"
     assert sorted(n > 1 for n in token_counts["one_multi_token"]) == [False, False, True]
     assert all(n > 1 for n in token_counts["three_multi_token"])
     assert len(set(token_counts["three_multi_token"])) == 3, "three different lengths"
+    assert scorers["extending"].overlaps == [("account", "account change")] and scorers["extending"].complete
+    assert len(scorers["three_levels"].overlaps) == 3 and token_counts["three_levels"] == [1, 2, 3]
+    assert scorers["whole_answers_on_request"].complete and not scorers["single_tokens"].complete
 
 
 @pytest.mark.parametrize("name", list(LABEL_SETS))
 def test_the_reference_equals_one_full_forward_per_label(any_model, tickets, name):
     model, tokenizer, _ = any_model
-    labels, normalize = LABEL_SETS[name]
-    scorer = LabelScorer(tokenizer, labels, normalize=normalize)
+    labels, normalize, complete = LABEL_SETS[name]
+    scorer = LabelScorer(tokenizer, labels, normalize=normalize, complete=complete)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:4]]
     slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
     assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
@@ -56,15 +68,16 @@ def test_the_reference_equals_one_full_forward_per_label(any_model, tickets, nam
 
 # The tiny Qwen2 runs every case; the embedded Llama (slower) the shapes that exercise different code:
 # the first-token path and several continuation rows per ticket.
-CASES = [("tiny_qwen", name) for name in LABEL_SETS] + [("embedded", "single_tokens"), ("embedded", "three_multi_token")]
+CASES = [("tiny_qwen", name) for name in LABEL_SETS] + [
+    ("embedded", "single_tokens"), ("embedded", "three_multi_token"), ("embedded", "three_levels")]
 
 
 @pytest.mark.parametrize("use_prefix", [False, True], ids=["plain", "prefix"])
 @pytest.mark.parametrize("model_name,name", CASES, ids=[f"{m}-{n}" for m, n in CASES])
 def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, tickets, model_name, name, use_prefix):
     model, tokenizer, _ = request.getfixturevalue(model_name)
-    labels, normalize = LABEL_SETS[name]
-    scorer = LabelScorer(tokenizer, labels, normalize=normalize)
+    labels, normalize, complete = LABEL_SETS[name]
+    scorer = LabelScorer(tokenizer, labels, normalize=normalize, complete=complete)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:N]]
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     assert reference.log_scores.std(0).sum() > 0, "tickets must score differently for the check to mean anything"
