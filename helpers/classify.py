@@ -439,8 +439,8 @@ def classify_file(
     """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``.
 
     Order of work: every check that needs no model (labels, options, input, text column, output path,
-    column clashes, few-shot file), then the model, then scoring (this process's share of the rows), then,
-    on rank 0 only, verification and the atomic write. ``say`` receives the messages for a person
+    column clashes, few-shot file), then the labels as tokens (the tokenizer alone), then the model, then scoring
+    (this process's share of the rows), then, on rank 0 only, verification and the atomic write. ``say`` receives the messages for a person
     (stderr by default), from rank 0 only. ``device``: "cpu", "cuda", "mps" or "auto" (CUDA, then MPS, then the
     CPU); None reads ``$SLM_DEVICE``, else auto. Under a launcher each process takes its own GPU.
     ``whole_answers``: score each label followed by the chat template's end-of-answer marker (``LabelScorer``'s
@@ -486,10 +486,11 @@ def classify_file(
     def label_scorer():
         # The labels as tokens, before the model loads: labels only whole answers tell apart, with a template
         # that marks no end of an answer, stop here in one line.
+        tokenizer = load_tokenizer(model_name)
         try:
-            return LabelScorer(load_tokenizer(model_name), checked_labels, complete=whole_answers)
+            return LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         except ValueError as error:
-            raise InputError(f"--labels: {error}") from None
+            raise InputError(f"{'--whole-answers' if whole_answers else '--labels'}: {error}") from None
 
     scorer = _step(state, label_scorer)
     if scorer.complete:
@@ -500,9 +501,12 @@ def classify_file(
     def score_share():
         # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
         model, tokenizer, info = load_model(model_name, dtype=dtype, device=run_device, verbose=main)
+        # The labels as the loaded model's tokenizer splits them (the same as above unless the model name resolved
+        # differently in between, e.g. the hub came back): token ids must index this model's vocabulary.
+        scorer = LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         prepared = prepare_prompts(tokenizer, table.texts, checked_labels, examples,
                                    context_length(model, tokenizer), truncate, source=str(table.path),
-                                   end_tokens=len(scorer.end_ids))
+                                   end_tokens=max(len(t) - len(l) for t, l in zip(scorer.token_ids, scorer.label_ids)))
         prefix = (PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
                   if prefix_cache else None)
         with state.split_between_processes(list(range(len(table)))) as mine:
@@ -513,9 +517,9 @@ def classify_file(
                                    batch_size, token_budget, prefix, progress=main and progress)
             full = set(result.info["full_prompt_items"])
             shard = [(i, row.tolist(), j in full) for j, (i, row) in enumerate(zip(mine, result.log_scores))]
-        return model, tokenizer, info, prepared, shard
+        return model, tokenizer, info, scorer, prepared, shard
 
-    model, tokenizer, info, prepared, shard = _step(state, score_share)
+    model, tokenizer, info, scorer, prepared, shard = _step(state, score_share)
     if prepared.truncated_rows:
         tell(f"cut {len(prepared.truncated_rows)} row(s) to fit the context (kept each text's head): "
              f"{_rows_text(prepared.truncated_rows, limit=10)}")

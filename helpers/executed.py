@@ -119,9 +119,11 @@ def main() -> None:
     args = parser.parse_args()
     chosen = None
     if args.only:
-        chosen = [path for path in sources() if path.name[:2] in args.only]
-        if not chosen:
-            parser.error(f"no notebook numbered {', '.join(args.only)}")
+        numbers = [number.zfill(2) for number in args.only]
+        chosen = [path for path in sources() if path.name[:2] in numbers]
+        missing = [number for number in numbers if not any(path.name[:2] == number for path in chosen)]
+        if missing:
+            parser.error(f"no notebook numbered {', '.join(missing)}")
     run(Path(args.folder), chosen)
 
 

@@ -29,14 +29,15 @@ from pathlib import Path
 import torch
 
 from .models import ModelInfo, cache_dir, dtype_candidates, threads_text
-from .timing import Stopwatch
+from .timing import Stopwatch, sync
 
-PROFILE_VERSION = 3  # 2: the roof timed with torch.utils.benchmark at a busy size; 3: dtypes by device
+PROFILE_VERSION = 4  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 32)
 DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
 SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
-ROOF_MIN_RUN_S = 0.3  # seconds of repeated matmuls behind each roof measurement
+ROOF_BLOCKS = 5  # timed blocks behind each roof measurement; the fastest counts
+ROOF_BLOCK_S = 0.25  # seconds per block: 5 blocks make more than a second of steady matmuls
 MAX_CALL_S = 1.5  # the prefill sweep stops after a call this slow: the curve is flat long before
 _MEMORY: dict[str, MachineProfile] = {}
 
@@ -74,25 +75,37 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 
 @torch.inference_mode()
-def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int]) -> float | None:
-    """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``; None where the dtype is unsupported.
+def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int],
+                  blocks: int = ROOF_BLOCKS, block_s: float = ROOF_BLOCK_S) -> float | None:
+    """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``: a roof, so a maximum. None where the dtype is
+    unsupported.
 
-    Timed with ``torch.utils.benchmark`` (it synchronises CUDA and picks the repeat count) on this process's
-    thread count: the Timer's own default is one thread, which would halve a 2-core roof.
+    After a warm-up of about one block (clocks ramp up, kernels are picked, caches fill), ``blocks`` blocks of
+    back-to-back matmuls, each at least ``block_s`` seconds, synchronised; the fastest block counts. A median of a
+    cold start would sit below what the same kernel does a moment later, and a rate above the roof would follow.
     """
-    from torch.utils import benchmark
-
     device = torch.device(device)
     m, k, n = shape
     try:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
         a @ b  # unsupported dtypes fail here, before timing
-        timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
-        seconds = timer.blocked_autorange(min_run_time=ROOF_MIN_RUN_S).median
     except (RuntimeError, TypeError):
         return None
-    return 2 * m * k * n / seconds / 1e9
+    sync(device)
+    start, calls, elapsed = time.perf_counter(), 0, 0.0
+    while elapsed < block_s:  # the warm-up, which also sizes the blocks
+        a @ b
+        sync(device)
+        calls, elapsed = calls + 1, time.perf_counter() - start
+    per_block = max(1, math.ceil(calls * block_s / elapsed))
+    best = float("inf")
+    for _ in range(blocks):
+        with Stopwatch(device) as clock:
+            for _ in range(per_block):
+                a @ b
+        best = min(best, clock.seconds / per_block)
+    return 2 * m * k * n / best / 1e9
 
 
 def roof_shape(model, device: torch.device) -> tuple[int, int, int]:

@@ -7,7 +7,8 @@ are appended after the prompt in the same forward pass, each label a branch that
 other labels, so the prompt is processed once and there is one forward per batch.
 
 That score says "the answer starts with this label". When one label's tokens begin another's (``account`` and
-``account change``), the longer label's score is the shorter's plus one more log-prob, so it can never win. Scored
+``account change``), the longer label's summed score is the shorter's plus one or more (negative) log-probs, so it
+can never win. Scored
 as *whole answers*, each label followed by the end-of-answer marker the chat template puts after an assistant turn
 (``<|im_end|>`` for Qwen and SmolLM2), the score means "the answer is this label", and either can win. ``LabelScorer``
 does that by itself when labels overlap that way (``complete=None``), always with ``complete=True``.
@@ -56,10 +57,16 @@ def check_labels(labels: Sequence[str]) -> list[str]:
 _SENTINEL = "Zq7Xv"
 
 
-def end_of_answer_ids(tokenizer) -> list[int] | None:
-    """The tokens the tokenizer's chat template puts right after an assistant's answer, up to and including the
-    first special token (``[<|im_end|>]`` for Qwen and SmolLM2, ``[<|eot_id|>]`` for Llama 3); None when the
-    tokenizer has no chat template or the template marks no end of the answer with a special token.
+def _marker_ids(tokenizer) -> set[int]:
+    """Tokens that can end an answer: the special tokens, every added token, and the end-of-sequence token."""
+    ids = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
+def end_of_answer_text(tokenizer) -> str | None:
+    """The text the tokenizer's chat template writes right after an assistant's answer, up to the first marker token
+    (``"<|im_end|>"`` for Qwen and SmolLM2, ``"<|eot_id|>"`` for Llama 3, ``" </s>"`` for Llama 2); None when the
+    tokenizer has no chat template or the template ends no answer with a marker token (special, added or EOS).
 
     Derived from the template itself (an assistant turn rendered around a stand-in answer), not hard-coded.
     """
@@ -72,13 +79,29 @@ def end_of_answer_ids(tokenizer) -> list[int] | None:
         return None
     if not isinstance(rendered, str) or rendered.count(_SENTINEL) != 1:
         return None
-    after = tokenizer(rendered.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
-    special = set(tokenizer.all_special_ids)
-    special |= {i for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special}
-    for end, token in enumerate(after):
-        if token in special:
-            return after[: end + 1]
+    after = rendered.split(_SENTINEL, 1)[1]
+    encoded = tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)
+    markers = _marker_ids(tokenizer)
+    for token, (_, end) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+        if token in markers:
+            return after[:end]
     return None
+
+
+def answer_ids(tokenizer, label: str, end_text: str) -> list[int]:
+    """A label as a whole answer: the tokens of the label followed by the end-of-answer text, tokenized together as
+    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there)."""
+    return tokenizer(label + end_text, add_special_tokens=False)["input_ids"]
+
+
+def end_of_answer_ids(tokenizer) -> list[int] | None:
+    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None."""
+    text = end_of_answer_text(tokenizer)
+    if text is None:
+        return None
+    probe = tokenizer(_SENTINEL, add_special_tokens=False)["input_ids"]
+    whole = answer_ids(tokenizer, _SENTINEL, text)
+    return whole[len(probe):] if whole[: len(probe)] == probe else None
 
 
 def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -126,7 +149,8 @@ class LabelScorer:
                                  "them apart")
             seen[tuple(ids)] = label
         self.overlaps = extending_pairs(self.label_ids, labels)
-        self.end_ids = end_of_answer_ids(tokenizer) if complete is not False else None
+        end_text = end_of_answer_text(tokenizer) if complete is not False else None
+        self.end_ids = end_of_answer_ids(tokenizer) if end_text is not None else None
         if complete is None:
             complete = bool(self.overlaps)
         if complete and not self.end_ids:
@@ -136,11 +160,15 @@ class LabelScorer:
                                  "them apart, and this tokenizer's chat template marks no end of an answer: rename one")
             raise ValueError("whole answers need an end-of-answer marker, and this tokenizer's chat template has none")
         if complete and method == "first_token":
-            raise ValueError("whole answers are several tokens each: use method='sequence' (or 'auto')")
+            why = (f"{self.overlaps[0][1]!r} extends {self.overlaps[0][0]!r}, so labels are scored as whole answers, "
+                   if self.overlaps else "")
+            raise ValueError(f"{why}whole answers are several tokens each: use method='sequence' (or 'auto')")
         self.complete = bool(complete)
         self.end_ids = self.end_ids if self.complete else []
-        # What is scored per label: its tokens, and the end marker when scoring whole answers.
-        self.token_ids: list[list[int]] = [ids + self.end_ids for ids in self.label_ids]
+        # What is scored per label: its tokens, and with whole answers the label and the marker tokenized together, as
+        # the template renders the answer.
+        self.token_ids: list[list[int]] = [answer_ids(tokenizer, label, end_text) if self.complete else ids
+                                           for label, ids in zip(labels, self.label_ids)]
         self.first_ids = [ids[0] for ids in self.token_ids]
         single = all(len(ids) == 1 for ids in self.token_ids)
         if method == "auto":

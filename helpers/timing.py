@@ -1,4 +1,5 @@
-"""Clocks that tell the truth on every device (notebooks 01-04, the profile, the benchmark).
+"""Clocks that tell the truth on every device (notebooks 01-04, the profile, the benchmark), and one way to compare
+timings: warm up, alternate, repeat, and name a winner only beyond the spread (``compare``, ``verdict``).
 
 A GPU (CUDA or Apple's MPS) runs kernels asynchronously: a Python call returns as soon as the work is queued, so a
 clock read around it measures the queueing, not the work. Every timed block therefore waits for the device before
@@ -7,8 +8,10 @@ it starts (so earlier queued work is not charged to it) and before it stops. On 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -54,3 +57,66 @@ def best_seconds(call: Callable[[], object], device: torch.device | str | None, 
             call()
         times.append(clock.seconds)
     return min(times)
+
+
+@dataclass
+class Timing:
+    """Several synchronised runs of one thing: ``median`` is the figure to quote, ``low``-``high`` its spread."""
+
+    name: str
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def low(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def high(self) -> float:
+        return max(self.seconds)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.median:.3f} s (runs {self.low:.3f}-{self.high:.3f} s, {len(self.seconds)} runs)"
+
+
+def compare(calls: dict[str, Callable[[], object]], device: torch.device | str | None = None, repeats: int = 3,
+            warmup: int = 1) -> dict[str, Timing]:
+    """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating
+    order (first to last, then last to first), so a machine that speeds up or slows down during the run weighs on
+    every thing alike. Every run is synchronised with ``device``."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    if not calls:
+        raise ValueError("nothing to time: give at least one call")
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            with Stopwatch(device) as clock:
+                calls[name]()
+            times[name].append(clock.seconds)
+    return {name: Timing(name, seconds) for name, seconds in times.items()}
+
+
+def within_noise(a: Timing, b: Timing) -> bool:
+    """True when the two timings' runs overlap: these runs cannot say which is faster."""
+    return a.low <= b.high and b.low <= a.high
+
+
+def verdict(a: Timing, b: Timing, per: str = "") -> str:
+    """One sentence comparing two timings, naming a winner only when their runs do not overlap.
+
+    ``per``: what the ratio is of, for the wording (e.g. "items/s"); the ratio is of the medians.
+    """
+    fast, slow = (a, b) if a.median <= b.median else (b, a)
+    ratio = slow.median / fast.median
+    if within_noise(a, b):
+        return (f"{a.name} and {b.name} are within noise of each other ({ratio:.2f}x between medians, but their "
+                f"{len(a.seconds)} and {len(b.seconds)} runs overlap)")
+    return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"

@@ -192,3 +192,27 @@ def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row():
     assert compiled.warmup_s > frame[~frame["compiled"]]["warmup_s"].max(), "compiling happens in the warm-up"
     with pytest.raises(ValueError, match="cannot compile"):
         run_benchmark("twin:tiny-qwen2", strategies=["loop"], compile=["sorted"], progress=False)
+
+
+def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
+    from helpers.bench import SWEEP_STRATEGIES, _plan, sweep_batch_sizes
+
+    assert [b for b in sweep_batch_sizes("cpu") if b > 1] == [2, 4, 8, 16, 32]
+    assert max(sweep_batch_sizes("cuda")) >= 128 and len([b for b in sweep_batch_sizes("cuda") if b > 1]) >= 5
+    plan = _plan(["loop", "arbitrary", "sorted", "sorted_prefix"], [2, 4, 8], others_at=4)
+    assert plan == [("loop", 1), ("arbitrary", 4), ("sorted", 2), ("sorted", 4), ("sorted", 8),
+                    ("sorted_prefix", 2), ("sorted_prefix", 4), ("sorted_prefix", 8)]
+    assert {name for name, _ in plan} >= set(SWEEP_STRATEGIES)
+    assert _plan(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
+    with pytest.raises(ValueError, match="others_at must be >= 1"):
+        run_benchmark("twin:tiny-qwen2", n=4, batch_sizes=[2], others_at=0, progress=False)
+
+
+def test_the_benchmark_records_the_predicted_knee_and_any_raised_roof(tiny_bench):
+    knees = tiny_bench.attrs["predicted_knee"]
+    assert set(knees) == {"sorted", "sorted_prefix"} and all(k > 0 for k in knees.values())
+    assert knees["sorted_prefix"] > knees["sorted"], "rows without the prefix are shorter: more of them fill a call"
+    for dtype, (measured, raised) in tiny_bench.attrs["roof_raised"].items():
+        assert raised > measured
+        assert np.isclose(tiny_bench.loc[tiny_bench["dtype"] == dtype, "roof_gflops"].iloc[0], raised)
+    assert (tiny_bench["kernel_ceiling"].dropna() <= 1 + 1e-9).all(), "a roof is at least what any kernel reached"

@@ -122,3 +122,34 @@ def test_every_prompt_falls_in_a_bar_even_the_longest(tmp_path):
 def test_bad_lengths_are_refused_with_one_line(tmp_path, bad):
     with pytest.raises(ValueError, match="plot_prompt_lengths"):
         plot_prompt_lengths(bad, INFO, path=tmp_path / "lengths.png")
+
+
+def _bench_rows():
+    rows = []
+    for strategy, rates in (("sorted", [2.0, 3.0, 4.0, 4.2, 4.3]), ("sorted_prefix", [3.0, 5.0, 7.0, 8.0, 8.1])):
+        for size, rate in zip([2, 4, 8, 16, 32], rates):
+            rows.append({"strategy": strategy, "batch_size": size, "items_per_s": rate, "items_per_s_min": rate * 0.95,
+                         "items_per_s_max": rate * 1.05})
+    rows.append({"strategy": "loop", "batch_size": 1, "items_per_s": 1.5, "items_per_s_min": 1.4, "items_per_s_max": 1.6})
+    frame = pd.DataFrame(rows).assign(dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=64,
+                                      shots=6)
+    frame.attrs["predicted_knee"] = {"sorted": 3.0, "sorted_prefix": 9.5}
+    return frame
+
+
+def test_throughput_figure_has_error_bars_the_predicted_knees_and_names_a_winner_only_beyond_noise(tmp_path):
+    from helpers.plots import plot_throughput_vs_batch
+
+    frame = _bench_rows()
+    fig, path = plot_throughput_vs_batch(frame, path=tmp_path / "t.png")
+    ax = fig.axes[0]
+    assert path.exists()
+    assert len(ax.containers) == 2, "one errorbar series per swept strategy"
+    assert sorted(round(line.get_xdata()[0], 1) for line in ax.get_lines() if line.get_linestyle() == ":") == [3.0, 9.5]
+    assert "within noise of 1 other row" in ax.get_title()  # 8.1 vs 8.0, 5 % spreads
+    apart = frame.assign(items_per_s_max=frame["items_per_s"] * 1.01, items_per_s_min=frame["items_per_s"] * 0.99)
+    apart.loc[apart["items_per_s"] == 8.1, ["items_per_s", "items_per_s_min", "items_per_s_max"]] = [9.0, 8.9, 9.1]
+    apart.attrs = frame.attrs
+    fig, _ = plot_throughput_vs_batch(apart, path=tmp_path / "u.png")
+    assert "beyond every other row's spread" in fig.axes[0].get_title()
+    plt.close("all")

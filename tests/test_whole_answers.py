@@ -15,6 +15,7 @@ from helpers.data import build_prompt
 from helpers.scoring import (
     LabelScorer,
     end_of_answer_ids,
+    end_of_answer_text,
     extending_pair,
     extending_pairs,
     mcnemar_exact,
@@ -41,6 +42,11 @@ def test_the_end_marker_is_what_the_template_puts_after_an_answer(fresh_tokenize
     assert end_of_answer_ids(tokenizer) == tokenizer.convert_tokens_to_ids(["<|im_end|>"])
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"
     assert end_of_answer_ids(tokenizer) == tokenizer.convert_tokens_to_ids(["<|endoftext|>"])
+    # Llama 2 writes a space before its marker: scored together with the label, as the template renders it.
+    tokenizer.chat_template = "{% for m in messages %} {{ m['content'] }} <|endoftext|>{% endfor %}"
+    assert end_of_answer_text(tokenizer) == " <|endoftext|>"
+    scorer = LabelScorer(tokenizer, EXTENDING)
+    assert scorer.token_ids[1] == tokenizer("account change <|endoftext|>", add_special_tokens=False)["input_ids"]
     tokenizer.chat_template = PLAIN_TEMPLATE  # a newline after the answer is no marker: answers may hold newlines
     assert end_of_answer_ids(tokenizer) is None
     tokenizer.chat_template = None
@@ -77,7 +83,7 @@ def test_as_answer_prefixes_the_longer_label_never_wins_and_as_whole_answers_it_
     whole = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, EXTENDING), prompts, progress=False)
     assert "account change" in whole.predictions[: len(CHANGE_TICKETS)], whole.log_scores[: len(CHANGE_TICKETS)]
     # The single-token label's whole-answer score is its prefix score plus log p(end | label): lower, finite.
-    assert (whole.log_scores[:, 0] < prefixes.log_scores[:, 0]).all() and whole.log_scores.isfinite().all()
+    assert (whole.log_scores[:, 0] <= prefixes.log_scores[:, 0]).all() and whole.log_scores.isfinite().all()
 
 
 def test_a_template_without_an_end_marker_refuses_labels_only_it_could_tell_apart(fresh_tokenizer):
