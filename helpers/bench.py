@@ -125,9 +125,9 @@ def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 
 
     An estimate of the least time any implementation running these shapes on these kernels needs: per distinct
     shape, one decoder layer's linear layers and its attention call (SDPA over ``past_length`` cached keys plus the
-    row's own, padding and all, with the key/value heads the model's attention gives it), each timed alone (best of
-    two after a warm-up, so with warm caches) and counted once per layer and pass, plus the output layer at ``scored``
-    positions per row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations,
+    row's own, padding and all, with the key/value heads the model's attention gives it), each timed alone (the best of
+    up to five runs, after a warm-up, so with warm caches) and counted once per layer and pass, plus the output
+    layer at ``scored`` positions per row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations,
     residual adds, cache copies and Python. ``masked``: a 4D mask even for one unpadded row (tree-shaped label
     continuations). NaN for a model whose layers hold no ``nn.Linear`` (nothing to time); every layer is assumed
     to be shaped like the first.
@@ -148,16 +148,16 @@ def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 
     for (rows, width), count in collections.Counter(shapes).items():
         tokens = rows * width
         inputs = {k: torch.randn(tokens, k, device=device, dtype=dtype) for k in {w.shape[1] for w in weights}}
-        linear = _time_call(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.0, 3)
+        linear = _time_call(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.05, 5)
         query = torch.randn(rows, heads, width, head_dim, device=device, dtype=dtype)
         keys = torch.randn(rows, kv_heads if gqa else heads, past_length + width, head_dim, device=device, dtype=dtype)
         # One unpadded row with nothing cached runs causal without a mask; anything else needs one.
         mask = None if rows == 1 and past_length == 0 and not masked else torch.ones(
             rows, 1, width, past_length + width, dtype=torch.bool, device=device).tril(past_length)
         attend = _time_call(lambda: torch.nn.functional.scaled_dot_product_attention(
-            query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa), device, 0.0, 3)
+            query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa), device, 0.05, 5)
         hidden = torch.randn(rows * scored, config.hidden_size, device=device, dtype=dtype)
-        logits = _time_call(lambda: torch.nn.functional.linear(hidden, output), device, 0.0, 3)
+        logits = _time_call(lambda: torch.nn.functional.linear(hidden, output), device, 0.05, 5)
         total += count * (config.num_hidden_layers * (linear + attend) + logits)
     return total
 

@@ -105,7 +105,10 @@ def compare(calls: dict[str, Callable[[], object]], device: torch.device | str |
 
 
 def within_noise(a: Timing, b: Timing) -> bool:
-    """True when the two timings' runs overlap: these runs cannot say which is faster."""
+    """True when these runs cannot say which is faster: their ranges overlap, or one has a single run (no spread to
+    judge a difference by)."""
+    if len(a.seconds) < 2 or len(b.seconds) < 2:
+        return True
     return a.low <= b.high and b.low <= a.high
 
 
@@ -116,7 +119,10 @@ def verdict(a: Timing, b: Timing, per: str = "") -> str:
     """
     fast, slow = (a, b) if a.median <= b.median else (b, a)
     ratio = slow.median / fast.median
+    if min(len(a.seconds), len(b.seconds)) < 2:
+        return (f"{a.name} and {b.name}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: "
+                "no winner named")
     if within_noise(a, b):
-        return (f"{a.name} and {b.name} are within noise of each other ({ratio:.2f}x between medians, but their "
-                f"{len(a.seconds)} and {len(b.seconds)} runs overlap)")
+        return (f"{a.name} and {b.name} are within noise of each other (medians {ratio:.2f}x apart, but their runs "
+                f"overlap, {len(a.seconds)} and {len(b.seconds)})")
     return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"

@@ -38,3 +38,10 @@ def test_a_winner_is_named_only_when_the_runs_do_not_overlap():
     assert "within noise" in sentence and "faster" not in sentence
     assert fast.median == 1.1 and (fast.low, fast.high) == (1.0, 1.2)
     assert str(fast) == "batched: 1.100 s (runs 1.000-1.200 s, 3 runs)"
+
+
+def test_one_run_has_no_spread_and_decides_nothing():
+    once, twice = Timing("loop", [2.0]), Timing("sorted", [1.0, 1.1])
+    assert within_noise(once, twice) and within_noise(twice, once)
+    sentence = verdict(once, twice)
+    assert "no winner named" in sentence and "faster" not in sentence
