@@ -76,6 +76,9 @@ DEFAULT_STRATEGIES = tuple(STRATEGIES)
 SWEEP_STRATEGIES = ("sorted", "sorted_prefix")
 DEFAULT_BATCH_SIZES = None  # by device: SWEEP_BATCH_SIZES
 SWEEP_BATCH_SIZES = {"cpu": (2, 4, 8, 16, 32), "gpu": (2, 4, 8, 16, 32, 64, 128)}
+# With fewer tickets than the largest size: 5 of these, from 2 to the ticket count (at least SWEEP_FLOOR).
+NICE_BATCH_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SWEEP_FLOOR = 8
 DEFAULT_OTHERS_AT = 8
 DEFAULT_DTYPES = None  # float32, plus each candidate dtype of the device the machine profile says is not slow
 DEFAULT_REPEATS = 3
@@ -241,12 +244,21 @@ def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
             "unparseable": float(np.mean([p is None for p in parsed]))}
 
 
-def sweep_batch_sizes(device: torch.device | str) -> tuple[int, ...]:
-    """The default batch sizes of the sweep: 2 to 32 on a CPU, 2 to 128 on a GPU (which saturates later)."""
-    return SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
+def sweep_batch_sizes(device: torch.device | str, n: int | None = None) -> tuple[int, ...]:
+    """The default batch sizes of the sweep: 2 to 32 on a CPU, 2 to 128 on a GPU (which saturates later).
+
+    ``n``: the tickets of the run. A batch larger than ``n`` would only repeat the batch of ``n``, so with fewer
+    tickets than the largest size the sweep is 5 sizes from 2 to ``n`` (a slow machine still gets a curve)."""
+    sizes = SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
+    if n is None or n >= sizes[-1]:
+        return sizes
+    if n < SWEEP_FLOOR:
+        raise ValueError(f"a sweep of 5 batch sizes needs at least {SWEEP_FLOOR} tickets, got {n}")
+    fitting = [size for size in NICE_BATCH_SIZES if size <= n]
+    return tuple(fitting[round(i * (len(fitting) - 1) / 4)] for i in range(5))
 
 
-def _plan(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: int | None = None) -> list[tuple[str, int]]:
+def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: int | None = None) -> list[tuple[str, int]]:
     """(strategy, batch size) rows: loop-style strategies once at batch 1; the sweep's strategies at every batch
     size; the other batched ones at every batch size too, or only at ``others_at`` when it is given."""
     single = ("loop", "loop_prefix", "generate")
@@ -322,7 +334,8 @@ def run_benchmark(
 ) -> pd.DataFrame:
     """One row per (strategy, batch size, dtype); agreement is measured against the float32 loop.
 
-    ``batch_sizes=None``: the device's sweep (``sweep_batch_sizes``: 2 to 32 on a CPU, to 128 on a GPU).
+    ``batch_sizes=None``: the device's sweep (``sweep_batch_sizes``: 2 to 32 on a CPU, to 128 on a GPU; 5 sizes up to
+    ``n`` where ``n`` is smaller).
     ``others_at``: batched strategies outside ``SWEEP_STRATEGIES`` run only at this batch size (None: at every one).
 
     ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
@@ -335,7 +348,7 @@ def run_benchmark(
     seconds it saves per run.
     """
     if batch_sizes is None:
-        batch_sizes = sweep_batch_sizes(pick_device(device))
+        batch_sizes = sweep_batch_sizes(pick_device(device), n)
     _validate(strategies, batch_sizes, repeats, n, attention)
     if others_at is not None and others_at < 1:
         raise ValueError(f"others_at must be >= 1 (or None: every batch size), got {others_at}")
@@ -375,7 +388,7 @@ def run_benchmark(
         useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
-        plan = _plan(strategies, batch_sizes, others_at) if dtype in dtypes else []
+        plan = plan_rows(strategies, batch_sizes, others_at) if dtype in dtypes else []
         compiled_model = None
         if any(name in compile for name, _ in plan):
             compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]

@@ -96,10 +96,11 @@ def test_a_token_budget_counts_the_label_continuations_in_every_row(tiny_qwen, t
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
+N_AGREE = 6  # tickets of the strategy matrix: 3-shot prompts on the embedded model are the suite's costliest forwards
 STRATEGY_CASES = [
-    ("arbitrary", dict(batch_size=5)),
-    ("sorted", dict(batch_size=5)),
-    ("sorted", dict(batch_size=16)),  # one batch holding every ticket
+    ("arbitrary", dict(batch_size=3)),
+    ("sorted", dict(batch_size=3)),
+    ("sorted", dict(batch_size=N_AGREE)),  # one batch holding every ticket
     ("token_budget", dict(token_budget=900)),
 ]
 
@@ -108,7 +109,7 @@ STRATEGY_CASES = [
 def test_every_strategy_agrees_with_the_loop_on_every_ticket(any_model, tickets, few_shot, use_prefix):
     model, tokenizer, _ = any_model
     scorer = LabelScorer(tokenizer, LABELS)
-    prompts = prompts_for(tokenizer, tickets["text"], few_shot)
+    prompts = prompts_for(tokenizer, tickets["text"][:N_AGREE], few_shot)
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot) if use_prefix else None
     for strategy, options in STRATEGY_CASES:

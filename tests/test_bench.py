@@ -196,17 +196,31 @@ def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row():
 
 
 def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
-    from helpers.bench import SWEEP_STRATEGIES, _plan, sweep_batch_sizes
+    from helpers.bench import SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes
 
     assert [b for b in sweep_batch_sizes("cpu") if b > 1] == [2, 4, 8, 16, 32]
     assert max(sweep_batch_sizes("cuda")) >= 128 and len([b for b in sweep_batch_sizes("cuda") if b > 1]) >= 5
-    plan = _plan(["loop", "arbitrary", "sorted", "sorted_prefix"], [2, 4, 8], others_at=4)
+    plan = plan_rows(["loop", "arbitrary", "sorted", "sorted_prefix"], [2, 4, 8], others_at=4)
     assert plan == [("loop", 1), ("arbitrary", 4), ("sorted", 2), ("sorted", 4), ("sorted", 8),
                     ("sorted_prefix", 2), ("sorted_prefix", 4), ("sorted_prefix", 8)]
     assert {name for name, _ in plan} >= set(SWEEP_STRATEGIES)
-    assert _plan(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
+    assert plan_rows(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
     with pytest.raises(ValueError, match="others_at must be >= 1"):
         run_benchmark("twin:tiny-qwen2", n=4, batch_sizes=[2], others_at=0, progress=False)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("n", [8, 9, 12, 16, 24, 31, 32, 100, 600])
+def test_with_few_tickets_the_sweep_still_has_five_sizes_up_to_the_ticket_count(device, n):
+    """A slow machine affords fewer tickets: every point runs them all, so no size exceeds them, and 5 remain."""
+    from helpers.bench import SWEEP_FLOOR, sweep_batch_sizes
+
+    sizes = sweep_batch_sizes(device, n)
+    assert len(sizes) >= 5 and sizes[0] == 2 and list(sizes) == sorted(set(sizes)), sizes
+    full = sweep_batch_sizes(device)
+    assert sizes == full if n >= full[-1] else sizes[-1] <= n and sizes[-1] > n // 2, (n, sizes)
+    with pytest.raises(ValueError, match=f"needs at least {SWEEP_FLOOR} tickets, got 7"):
+        sweep_batch_sizes(device, 7)
 
 
 def test_the_benchmark_records_the_predicted_knee_and_any_raised_roof(tiny_bench):

@@ -71,7 +71,7 @@ def test_constrained_scores_equal_the_slow_full_forward_on_every_ticket(any_mode
     """One pass + cached continuations gives what one full forward per label gives."""
     model, tokenizer, _ = any_model
     scorer = LabelScorer(tokenizer, LABELS)
-    prompts = prompts_for(tokenizer, tickets["text"][:10], few_shot)
+    prompts = prompts_for(tokenizer, tickets["text"][:5], few_shot)
     slow = LabelScores(LABELS, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
     assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
     # Length-normalised: the same sums divided by each label's token count.
@@ -86,7 +86,7 @@ def test_several_multi_token_labels_are_scored_together(embedded, tickets):
     labels = ["billing", "refund", "invoice", "technical"]
     scorer = LabelScorer(tokenizer, labels)
     assert len(scorer.multi) == 3 and scorer.is_tree
-    prompts = prompts_for(tokenizer, tickets["text"][:6])
+    prompts = prompts_for(tokenizer, tickets["text"][:3])
     fast = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
     assert_agrees(slow, fast, atol=1e-3)
