@@ -248,13 +248,14 @@ def sweep_batch_sizes(device: torch.device | str, n: int | None = None) -> tuple
     """The default batch sizes of the sweep: 2 to 32 on a CPU, 2 to 128 on a GPU (which saturates later).
 
     ``n``: the tickets of the run. A batch larger than ``n`` would only repeat the batch of ``n``, so with fewer
-    tickets than the largest size the sweep is 5 sizes from 2 to ``n`` (a slow machine still gets a curve)."""
+    tickets than the largest size the sweep is 5 sizes from 2 to ``n`` (a slow machine still gets a curve); below
+    ``SWEEP_FLOOR`` tickets, the fewer sizes that fit."""
     sizes = SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
     if n is None or n >= sizes[-1]:
         return sizes
-    if n < SWEEP_FLOOR:
-        raise ValueError(f"a sweep of 5 batch sizes needs at least {SWEEP_FLOOR} tickets, got {n}")
     fitting = [size for size in NICE_BATCH_SIZES if size <= n]
+    if n < SWEEP_FLOOR:
+        return tuple(fitting) or (1,)
     return tuple(fitting[round(i * (len(fitting) - 1) / 4)] for i in range(5))
 
 

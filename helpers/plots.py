@@ -168,8 +168,12 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     name = f"{STRATEGY_LABELS.get(top.strategy, top.strategy)} ({top['dtype']}, batch {int(top['batch_size'])})"
     # A winner only beyond the spread: the runner-up's fastest repeat must stay below the top's slowest.
     close = ranked.iloc[1:][ranked.iloc[1:]["items_per_s_max"] >= top["items_per_s_min"]]
-    verdict = (f"fastest median {name}, {top['items_per_s']:.2f} tickets/s, within noise of {len(close)} other row(s)"
-               if len(close) else f"best {name}, {top['items_per_s']:.2f} tickets/s, beyond every other row's spread")
+    if "repeats" in frame and frame["repeats"].min() < 2:  # one run per row has no spread: it ranks nothing
+        verdict = f"fastest single run {name}, {top['items_per_s']:.2f} tickets/s (1 repeat: no spread to rank by)"
+    elif len(close):
+        verdict = f"fastest median {name}, {top['items_per_s']:.2f} tickets/s, within noise of {len(close)} other row(s)"
+    else:
+        verdict = f"best {name}, {top['items_per_s']:.2f} tickets/s, beyond every other row's spread"
     set_title(ax, title or f"Throughput against batch size: {verdict}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)

@@ -136,7 +136,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "
 
 
 @pytest.mark.parametrize("n_rows", [5, 1], ids=["5_rows", "1_row"])
-def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows):
+def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows, capsys):
     """Uneven shares (3 + 2 rows; 1 + 0 rows) come back as one output equal to the single-process one."""
     source = tmp_path / "tickets.csv"
     source.write_text(HAND_MADE + '011,Login,"I cannot log in since the update",chat\n', encoding="utf-8")
@@ -145,7 +145,8 @@ def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     common = [str(source), *LABEL_ARGS, "--text-column", "body", "--batch-size", "2", *TINY]
     single, double = tmp_path / "one.csv", tmp_path / "two.csv"
-    subprocess.run([sys.executable, "-m", "helpers", "classify", *common, "--output", str(single)], check=True, env=env)
+    code, err = run(["classify", *common, "--output", str(single)], capsys)  # the single process: this one
+    assert code == 0, err
     done = subprocess.run([*TORCHRUN, "--master_port", str(29533 + n_rows), "-m", "helpers", "classify", *common,
                            "--output", str(double)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -404,7 +405,7 @@ def test_the_embedded_model_zero_shot_is_warned_about_and_few_shot_is_not(tmp_pa
     source = tmp_path / "in.csv"
     make_tickets(12, seed=3, style="varied")[["text"]].to_csv(source, index=False)
     examples = tmp_path / "examples.csv"
-    pd.DataFrame(few_shot_examples(6), columns=["text", "label"]).to_csv(examples, index=False)
+    pd.DataFrame(few_shot_examples(3), columns=["text", "label"]).to_csv(examples, index=False)
     runs = {}
     for name, extra in (("zero_shot", []), ("few_shot", ["--examples", str(examples)])):
         out = tmp_path / f"{name}.csv"

@@ -152,4 +152,9 @@ def test_throughput_figure_has_error_bars_the_predicted_knees_and_names_a_winner
     apart.attrs = frame.attrs
     fig, _ = plot_throughput_vs_batch(apart, path=tmp_path / "u.png")
     assert "beyond every other row's spread" in fig.axes[0].get_title()
+    single = apart.assign(repeats=1, items_per_s_min=apart["items_per_s"], items_per_s_max=apart["items_per_s"])
+    single.attrs = frame.attrs
+    fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
+    assert "no spread to rank by" in fig.axes[0].get_title() and "beyond" not in fig.axes[0].get_title(), \
+        "one run per row has no spread: the title ranks nothing"
     plt.close("all")
