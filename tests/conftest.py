@@ -1,5 +1,6 @@
-"""Shared fixtures: every test runs offline, on the embedded model or a tiny random Qwen2, on the CPU (also on a
-machine with a GPU: the tests marked ``gpu`` in test_gpu.py ask for the accelerator themselves)."""
+"""Shared fixtures: every test runs offline, on the embedded model or a two-layer random twin of each architecture
+(Qwen2, Llama), on the CPU (also on a machine with a GPU: the tests marked ``gpu`` in test_gpu.py ask for the
+accelerator themselves)."""
 
 import os
 
@@ -32,9 +33,16 @@ def tiny_qwen():
     return load_model("twin:tiny-qwen2", device="cpu", verbose=False)
 
 
-@pytest.fixture(scope="session", params=["embedded", "tiny_qwen"])
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return load_model("twin:tiny-llama", device="cpu", verbose=False)
+
+
+@pytest.fixture(scope="session", params=["tiny_llama", "tiny_qwen"])
 def any_model(request):
-    """Both architectures: Llama (the embedded SmolLM2) and Qwen2 (random, tiny)."""
+    """Both architectures (Llama, as in the embedded SmolLM2, and Qwen2), two layers each: the exactness checks run on
+    every item in a fraction of a second, and the twins see position and mask errors as a real model does
+    (test_models.py). The tests that need trained weights or the real model's numbers ask for ``embedded``."""
     return request.getfixturevalue(request.param)
 
 

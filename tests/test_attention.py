@@ -17,13 +17,14 @@ def test_grouped_query_models_on_cpu_read_shared_key_value_heads(embedded):
 
 
 @pytest.mark.parametrize("labels", [LABELS, ["bug report", "refund request", "technical"]], ids=["labels", "tree"])
-def test_it_gives_what_transformers_sdpa_gives(embedded, tickets, labels):
+def test_it_gives_what_transformers_sdpa_gives(any_model, tickets, labels):
     """Padded batches on top of the prefix cache, and label branches under a 4D mask: both masks go through it."""
-    model, tokenizer, _ = embedded
-    plain, _, plain_info = load_model("embedded", dtype="float32", device="cpu", attention="sdpa", verbose=False)
+    model, tokenizer, info = any_model
+    assert info.attention == NAME
+    plain, _, plain_info = load_model(info.name, dtype="float32", device="cpu", attention="sdpa", verbose=False)
     assert plain_info.attention == "sdpa"
     scorer = LabelScorer(tokenizer, labels)
-    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:8]]
+    prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"]]
     results = []
     for candidate in (plain, model):
         cache = PrefixCache.for_prompts(candidate, tokenizer, labels=labels)

@@ -58,9 +58,9 @@ def test_bad_batching_arguments_are_refused():
         plan_batches([1], "token_budget", token_budget=10, tokens_per_row=-1)
 
 
-def test_a_token_budget_counts_the_cached_prefix_in_every_row(embedded, tickets, few_shot):
+def test_a_token_budget_counts_the_cached_prefix_in_every_row(any_model, tickets, few_shot):
     """With the prefix cache a row holds the prefix's keys and values as well as its own tokens."""
-    model, tokenizer, _ = embedded
+    model, tokenizer, _ = any_model
     scorer = LabelScorer(tokenizer, LABELS)
     prompts = prompts_for(tokenizer, tickets["text"][:12], few_shot)
     cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
@@ -96,34 +96,39 @@ def test_a_token_budget_counts_the_label_continuations_in_every_row(tiny_qwen, t
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
-N_AGREE = 6  # tickets of the strategy matrix: 3-shot prompts on the embedded model are the suite's costliest forwards
 STRATEGY_CASES = [
-    ("arbitrary", dict(batch_size=4)),  # 4 + 2: a short last batch
+    ("arbitrary", dict(batch_size=4)),  # with 6 or 16 tickets: a short last batch
     ("sorted", dict(batch_size=4)),
-    ("sorted", dict(batch_size=N_AGREE)),  # one batch holding every ticket
+    ("sorted", dict(batch_size=None)),  # one batch holding every ticket
     ("token_budget", dict(token_budget=900)),
 ]
+# Both architectures on every ticket, with and without the prefix cache; and the embedded model with its trained
+# weights on 6 tickets (3-shot prompts on it are the suite's costliest forwards), the path the notebooks time.
+MATRIX = [(m, p) for m in ("tiny_llama", "tiny_qwen") for p in (False, True)] + [("embedded", True)]
 
 
-@pytest.mark.parametrize("use_prefix", [False, True], ids=["plain", "prefix"])
-def test_every_strategy_agrees_with_the_loop_on_every_ticket(any_model, tickets, few_shot, use_prefix):
-    model, tokenizer, _ = any_model
+@pytest.mark.parametrize("model_name,use_prefix", MATRIX, ids=[f"{m}-{'prefix' if p else 'plain'}" for m, p in MATRIX])
+def test_every_strategy_agrees_with_the_loop_on_every_ticket(request, tickets, few_shot, model_name, use_prefix):
+    model, tokenizer, _ = request.getfixturevalue(model_name)
     scorer = LabelScorer(tokenizer, LABELS)
-    prompts = prompts_for(tokenizer, tickets["text"][:N_AGREE], few_shot)
+    texts = tickets["text"][:6] if model_name == "embedded" else tickets["text"]
+    prompts = prompts_for(tokenizer, texts, few_shot)
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    assert reference.log_scores.std(0).sum() > 0, "tickets must score differently for the check to mean anything"
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot) if use_prefix else None
     for strategy, options in STRATEGY_CASES:
+        options = {k: v or len(prompts) for k, v in options.items()}
         result = score_batched(model, tokenizer, scorer, prompts, strategy, prefix=prefix, progress=False, **options)
         assert not torch.isnan(result.log_scores).any(), f"{strategy}: NaN scores"
         try:
             assert_agrees(reference, result, atol=1e-3)
         except AssertionError as error:
-            raise AssertionError(f"{strategy} {options} prefix={use_prefix}: {error}") from None
+            raise AssertionError(f"{model_name}, {strategy} {options} prefix={use_prefix}: {error}") from None
 
 
-def test_results_return_to_their_input_slots(embedded, tickets):
+def test_results_return_to_their_input_slots(any_model, tickets):
     """Sorted batches run in another order; each score must still land in its own row."""
-    model, tokenizer, _ = embedded
+    model, tokenizer, _ = any_model
     scorer = LabelScorer(tokenizer, LABELS)
     prompts = prompts_for(tokenizer, tickets["text"][:6])
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
@@ -132,8 +137,8 @@ def test_results_return_to_their_input_slots(embedded, tickets):
     assert reference.log_scores.std(0).sum() > 0, "tickets must differ for this test to mean anything"
 
 
-def test_batched_info_reports_timing_and_padding(embedded, tickets):
-    model, tokenizer, _ = embedded
+def test_batched_info_reports_timing_and_padding(tiny_llama, tickets):
+    model, tokenizer, _ = tiny_llama
     scorer = LabelScorer(tokenizer, LABELS)
     result = score_batched(model, tokenizer, scorer, prompts_for(tokenizer, tickets["text"][:8]), "sorted", batch_size=4, progress=False)
     info = result.info

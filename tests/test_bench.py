@@ -1,3 +1,4 @@
+import functools
 import json
 
 import numpy as np
@@ -88,14 +89,17 @@ def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):
 
 def test_useful_work_never_exceeds_the_measured_roof(embedded):
     """The roof is measured at a size that keeps the device busy: no row may claim more than all of it."""
+    # 2 repeats: a row's rate is the median of its runs (one lucky run is no rate), its kernels the best of 5 each.
     frame = run_benchmark("embedded", n=8, shots=2, batch_sizes=[4], strategies=["loop", "loop_prefix", "sorted_prefix"],
-                          dtypes=["float32"], repeats=1, progress=False)
+                          dtypes=["float32"], repeats=2, progress=False)
     assert (frame["roof_fraction"] > 0).all() and (frame["roof_fraction"] <= 1).all(), frame["roof_fraction"]
     loop = frame.loc[frame["strategy"] == "loop", "roof_fraction"].item()
     assert loop == frame["roof_fraction"].min(), "the loop runs the prefix again for every ticket: the lowest useful share"
     # A whole pipeline runs its matmuls and attention plus norms, copies and Python: slower than those kernels alone.
     ceiling = frame.set_index("strategy")["kernel_ceiling"]
-    assert (frame.set_index("strategy")["roof_fraction"] < ceiling).all() and (ceiling <= 1).all(), frame
+    assert (frame.set_index("strategy")["roof_fraction"] < ceiling).all() and (ceiling <= 1).all(), \
+        frame[["strategy", "items_per_s", "items_per_s_min", "items_per_s_max", "roof_gflops", "roof_fraction",
+               "kernel_ceiling"]].to_string()
 
 
 def test_kernel_seconds_count_every_layer_of_every_forward_pass(tiny_qwen, monkeypatch):
@@ -183,7 +187,12 @@ def test_default_dtypes_skip_one_the_machine_runs_slowly(monkeypatch, capsys):
     assert (frame["machine"] == "cpu: test").all() and frame["roof_gflops"].eq(124.0).all()
 
 
-def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row():
+def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row(monkeypatch):
+    """The benchmark's handling of compiled rows: their own warm-up, their own agreement check. torch.compile runs
+    with its "eager" backend here: the graphs are captured and guarded as in any compiled run, without inductor's
+    C++ build (10-20 s cold on 2 cores); inductor's code generation is torch's to test."""
+    compile_graphs = functools.partial(torch.compile, backend="eager")
+    monkeypatch.setattr(torch, "compile", compile_graphs)
     frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2], strategies=["loop", "sorted_prefix"],
                           dtypes=["float32"], repeats=1, compile=["sorted_prefix"], progress=False)
     assert list(zip(frame["strategy"], frame["compiled"])) == [("loop", False), ("sorted_prefix", False),

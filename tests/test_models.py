@@ -149,3 +149,36 @@ def test_threads_count_physical_cores_not_smt_siblings(monkeypatch, tmp_path):
     assert models.cpu_threads(tmp_path) == 1
     # No topology to read: every allowed CPU.
     assert models.cpu_threads(tmp_path / "missing") == 2
+
+
+@pytest.mark.parametrize("twin", ["tiny_llama", "tiny_qwen"])
+def test_the_tiny_twins_see_the_errors_the_exactness_tests_look_for(request, tickets, twin):
+    """The agreement tests run on the twins at atol 1e-3: a wrong relative position (a suffix that does not continue
+    from the cached prefix) or a single attended pad must move their label log-probs beyond it (here by more than 20x
+    and 3x), as on a real model.
+    (A shift of every position changes nothing under rotary embeddings: only relative positions count.)"""
+    from helpers.data import LABELS, build_prompt
+    from helpers.scoring import LabelScorer
+
+    model, tokenizer, info = request.getfixturevalue(twin)
+    assert info.timing_only and model.config.num_key_value_heads < model.config.num_attention_heads
+    first = torch.tensor([ids[0] for ids in LabelScorer(tokenizer, LABELS, method="first_token").label_ids])
+
+    def label_log_probs(ids, **options):
+        with torch.inference_mode():
+            return model(ids, **options).logits[0, -1].log_softmax(-1)[first]
+
+    for text in tickets["text"][:3]:
+        ids = tokenizer(build_prompt(tokenizer, text, LABELS), return_tensors="pt").input_ids
+        positions = torch.arange(ids.shape[1])[None]
+        exact = label_log_probs(ids, position_ids=positions)
+        assert torch.allclose(exact, label_log_probs(ids, position_ids=positions + 7), atol=1e-4)
+        gap = positions.clone()
+        gap[0, -20:] += 2  # the ticket's end two positions too far along
+        assert (exact - label_log_probs(ids, position_ids=gap)).abs().max() > 0.02, text
+        padded = torch.cat([torch.tensor([[tokenizer.pad_token_id]]), ids], dim=1)
+        mask = torch.ones_like(padded)
+        mask[0, 0] = 0
+        pad_positions = torch.cat([torch.zeros(1, 1, dtype=torch.long), positions], dim=1)
+        assert torch.allclose(exact, label_log_probs(padded, attention_mask=mask, position_ids=pad_positions), atol=1e-4)
+        assert (exact - label_log_probs(padded, position_ids=pad_positions)).abs().max() > 3e-3, f"unmasked pad: {text}"

@@ -56,8 +56,8 @@ def test_cached_prefix_changes_no_prediction(any_model, tickets, few_shot, examp
     assert cached.info["prefix_tokens"] == cache.length
 
 
-def test_every_call_gets_its_own_cache_holding_the_prefix_alone(embedded):
-    model, tokenizer, _ = embedded
+def test_every_call_gets_its_own_cache_holding_the_prefix_alone(tiny_llama):
+    model, tokenizer, _ = tiny_llama
     cache = PrefixCache.for_prompts(model, tokenizer)
     first = cache.cache_for_batch(1)
     with torch.inference_mode():
@@ -70,9 +70,9 @@ def test_every_call_gets_its_own_cache_holding_the_prefix_alone(embedded):
 
 
 @pytest.mark.parametrize("fail_on_call", [1, 2], ids=["first_ticket", "second_ticket"])
-def test_an_interrupted_forward_changes_no_later_result(embedded, tickets, fail_on_call):
+def test_an_interrupted_forward_changes_no_later_result(tiny_llama, tickets, fail_on_call):
     """Ctrl-C (or out of memory) halfway through the layers must not leave a longer or wider cache behind."""
-    model, tokenizer, _ = embedded
+    model, tokenizer, _ = tiny_llama
     labels = ["bug report", "refund request", "billing question about refunds"]  # a tree of label continuations
     scorer = LabelScorer(tokenizer, labels)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:4]]
@@ -96,8 +96,8 @@ def test_an_interrupted_forward_changes_no_later_result(embedded, tickets, fail_
     assert torch.equal(before.log_scores, after.log_scores), "the interrupted call changed later results"
 
 
-def test_a_prompt_that_is_not_token_clean_runs_with_its_full_prompt(embedded):
-    model, tokenizer, _ = embedded
+def test_a_prompt_that_is_not_token_clean_runs_with_its_full_prompt(any_model):
+    model, tokenizer, _ = any_model
     # A prefix ending in " The" fits "The app ..." but not "Theory ...", where " Theory" is one token.
     texts = ["The app crashes when I upload a photo", "Theory aside, my bill is wrong", "The email on my profile is old"]
     prompts = [build_prompt(tokenizer, text) for text in texts]
@@ -113,8 +113,8 @@ def test_a_prompt_that_is_not_token_clean_runs_with_its_full_prompt(embedded):
         score_batched(model, tokenizer, scorer, prompts, "loop", prefix=cache, progress=False, unclean="raise")
 
 
-def test_prefix_tensors_survive_any_number_of_uses(embedded, tickets):
-    model, tokenizer, _ = embedded
+def test_prefix_tensors_survive_any_number_of_uses(tiny_llama, tickets):
+    model, tokenizer, _ = tiny_llama
     labels = ["bug report", "refund request", "technical"]
     cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)
     before = [(k.clone(), v.clone()) for k, v in cache.layers]
@@ -125,9 +125,9 @@ def test_prefix_tensors_survive_any_number_of_uses(embedded, tickets):
     assert all(torch.equal(k, bk) and torch.equal(v, bv) for (k, v), (bk, bv) in zip(cache.layers, before))
 
 
-def test_every_prompt_is_tokenized_once_in_one_call(embedded, tickets):
+def test_every_prompt_is_tokenized_once_in_one_call(tiny_llama, tickets):
     """The split cuts the whole prompt's ids; tokenizing prefix and suffix text again is not needed."""
-    model, tokenizer, _ = embedded
+    model, tokenizer, _ = tiny_llama
     cache = PrefixCache.for_prompts(model, tokenizer)
     prompts = [build_prompt(tokenizer, text) for text in tickets["text"][:6]]
     calls = []

@@ -73,7 +73,7 @@ def test_whole_answers_are_chosen_when_a_label_extends_another_and_on_request(em
 
 def test_as_answer_prefixes_the_longer_label_never_wins_and_as_whole_answers_it_can(embedded, tickets):
     model, tokenizer, _ = embedded
-    texts = [*CHANGE_TICKETS, *tickets["text"][:8]]
+    texts = [*CHANGE_TICKETS, *tickets["text"][:3]]
     prompts = [build_prompt(tokenizer, text, EXTENDING) for text in texts]
     prefixes = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, EXTENDING, complete=False), prompts,
                                 progress=False)
