@@ -9,8 +9,9 @@ TORCH_SPEC ?= torch>=2.6
 RUNS := runs
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export HF_HUB_DISABLE_TELEMETRY := 1
+export SLM_PRESET
 
-.PHONY: setup lab check notebooks reference test clean
+.PHONY: setup lab check notebooks workshop reference test clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +43,11 @@ notebooks: setup
 		(cd $(RUNS) && ../$(PY) -m papermill --cwd . ../$$nb $$(basename $$nb) --progress-bar) || exit 1; \
 	done
 	@echo "Executed notebooks and their figures are in $(RUNS)/"
+
+# The workshop preset (helpers/lessons.py): every lesson on the embedded model with the reference run's sizes, the same
+# on every attendee's machine. In JupyterLab: make lab with SLM_PRESET=workshop set, or PRESET = "workshop" in a notebook.
+workshop:
+	$(MAKE) notebooks SLM_PRESET=workshop
 
 # The committed reference run (reference-run/): every lesson and solutions notebook executed with its figures, the
 # machine named at the top of each. Rerun after changing a notebook: a test fails when a copy's code drifts.

@@ -484,4 +484,6 @@ def padding_by_strategy(tokenizer, n: int = 600, batch_size: int = 32, style: st
     for strategy in ("arbitrary", "sorted", "token_budget"):
         report = padding_report(lengths, plan_batches(lengths, strategy, batch_size, budget))
         rows.append({"strategy": strategy, "padding_fraction": report.padding_fraction})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(prompts="zero-shot", batch_size=batch_size, token_budget=budget, n=n, style=style)
+    return frame

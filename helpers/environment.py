@@ -199,11 +199,12 @@ def run_checks(model: str | None = None, commands: bool = False) -> list[Check]:
     return checks
 
 
-def check_environment(model: str | None = None, commands: bool = False) -> str:
+def check_environment(model: str | None = None, commands: bool = False, brief: bool = False) -> str:
     """``describe_environment()`` plus one line per check. Raises ``EnvironmentProblem`` naming every failed hard
     requirement with its fix; soft problems are warning lines: what a lesson in an open notebook does not need
     (papermill, a Jupyter kernel for this interpreter, the embedded model when ``model`` resolves to another).
-    ``commands=True`` (``python -m helpers check``) checks for the course's commands: papermill becomes hard."""
+    ``commands=True`` (``python -m helpers check``) checks for the course's commands: papermill becomes hard.
+    ``brief=True`` (lessons 01-04): one line when every check passes, the whole report when one warns."""
     checks = run_checks(model, commands)
     try:
         description = describe_environment()
@@ -213,4 +214,8 @@ def check_environment(model: str | None = None, commands: bool = False) -> str:
     problems = [f"{check.name}: {check.found}. Fix: {check.fix}" for check in checks if check.hard and not check.ok]
     if problems:
         raise EnvironmentProblem(problems, report)
+    if brief and all(check.ok for check in checks):
+        found = versions(("torch", "transformers"))
+        return (f"environment ok ({len(checks)} checks): python {found['python']}, torch {found['torch']}, "
+                f"transformers {found['transformers']}; notebook 00 shows the details")
     return report

@@ -1,7 +1,8 @@
 """The committed reference run: every notebook executed once, with its figures, for readers who only read.
 
 ``make reference`` runs ``python -m helpers.executed reference-run``: each lesson and solutions notebook is executed
-with papermill (default parameters; figures and CSVs into the same folder), stamped with a first cell that names
+with papermill under the workshop preset (``helpers.lessons``: the embedded model and the sizes every attendee's
+run gets; figures and CSVs into the same folder), stamped with a first cell that names
 the machine it ran on, and listed in the folder's README with its wall time. ``code_cells`` is what
 the tests compare with the source notebooks, so a reference copy cannot drift from the lesson it shows.
 """
@@ -18,6 +19,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
+PRESET = "workshop"  # helpers.lessons: what an instructor tells the room to expect
 
 
 def sources(root: Path = ROOT) -> list[Path]:
@@ -58,8 +60,9 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     link = os.path.relpath(source, path.parent)
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
         f"> **Reference run, not your results.** Executed on {machine}, "
-        f"{datetime.date.today().isoformat()}, in {seconds:.0f} s, with `make reference` (default parameters). "
-        f"Every number and figure below is that machine's; run [the source notebook]({link}) to get yours."))
+        f"{datetime.date.today().isoformat()}, in {seconds:.0f} s, with `make reference` (the workshop preset: the "
+        f"embedded model, fixed sizes). Every number and figure below is that machine's; run [the source "
+        f"notebook]({link}) to get yours (`SLM_PRESET=workshop` for the same sizes)."))
     nbformat.write(notebook, path)
 
 
@@ -92,7 +95,8 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"== {source.relative_to(ROOT)}", flush=True)
         start = time.perf_counter()
-        papermill.execute_notebook(str(source), str(target), parameters={"OUTPUT_DIR": str(target.parent)},
+        parameters = {"OUTPUT_DIR": str(target.parent), "PRESET": PRESET}
+        papermill.execute_notebook(str(source), str(target), parameters=parameters,
                                    cwd=str(target.parent), progress_bar=False, kernel_name="python3")
         seconds = time.perf_counter() - start
         stamp(target, machine, seconds, source)
@@ -105,8 +109,10 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         f"running. **Machine:** {machine} (each notebook's first cell names the machine it ran on). Regenerate with "
         f"`make reference`, or one notebook with `python -m helpers.executed reference-run --only 01`; the tests fail "
         f"when a copy's code no longer matches its source notebook.\n\n"
-        f"Every number here is that machine's. The notebooks size their work to the machine they run on, so yours "
-        f"will run other ticket counts and show other numbers.\n\n| notebook | wall time | executed |\n|---|---|---|\n"
+        f"Every number here is that machine's. It ran under the workshop preset (`SLM_PRESET=workshop`, `make "
+        f"workshop`): the embedded model and the same ticket counts and batch sizes on every machine, so a room of "
+        f"attendees running that preset sees these sizes, with their own machines' speeds. Without it the "
+        f"notebooks size their work to the machine they run on.\n\n| notebook | wall time | executed |\n|---|---|---|\n"
         f"{table}\n")
     return timings
 

@@ -136,7 +136,7 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     fastest and slowest repeat); loops as flat references (a band for their spread). ``knees``: strategy -> the
     batch size where the profile's saturation curve predicts the line flattens (``attrs["predicted_knee"]``),
     marked on the axis."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))  # the legend sits beside the axes, never on the points
     styles = ["-", "--", ":", "-."]
     colors = {}
     knees = frame.attrs.get("predicted_knee", {}) if knees is None else knees
@@ -157,7 +157,8 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     for strategy, knee in knees.items():
         if strategy in colors and sizes[0] <= knee <= sizes[-1] * 2:
             ax.axvline(knee, color=colors[strategy], ls=":", lw=1.2)
-            ax.annotate(f"03's curve: knee\n~{knee:.0f} rows", (knee, 0.02), xycoords=("data", "axes fraction"),
+            shown = f"{knee:.0f} row{'s' if round(knee) != 1 else ''}"
+            ax.annotate(f"03's curve: knee\n~{shown}", (knee, 0.02), xycoords=("data", "axes fraction"),
                         fontsize=7, color=colors[strategy], ha="left", xytext=(3, 0), textcoords="offset points")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(int(size)) for size in sizes])
@@ -176,18 +177,23 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
         verdict = f"best {name}, {top['items_per_s']:.2f} tickets/s, beyond every other row's spread"
     set_title(ax, title or f"Throughput against batch size: {verdict}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig, finish(fig, bench_caption(frame), path)
 
 
 def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strategy.png", title: str | None = None):
-    """Bar chart: padding fraction of processed tokens for each way of forming batches."""
+    """Bar chart: padding fraction of processed tokens for each way of forming batches (``bench.padding_by_strategy``,
+    whose ``attrs`` say which prompts and batch size)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    bars = ax.bar(padding["strategy"], padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
+    names = [STRATEGY_LABELS.get(name, name) for name in padding["strategy"]]
+    bars = ax.bar(names, padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
     share = padding.set_index("strategy")["padding_fraction"]
-    set_title(ax, title or f"Padding: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
+    setting = padding.attrs
+    where = (f", {setting['prompts']} prompts, batches of {setting['batch_size']}"
+             if {"prompts", "batch_size"} <= setting.keys() else "")
+    set_title(ax, title or f"Padding{where}: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
                           f"arbitrary order {share.get('arbitrary', float('nan')):.1%}")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption_text, path)
@@ -196,14 +202,26 @@ def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strate
 def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: str | None = None):
     """Horizontal bars: each step's speedup over the one-at-a-time loop."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    bars = ax.barh(ladder["step"], ladder["speedup"], color="C0")
-    ax.bar_label(bars, fmt="%.2fx", fontsize=8, padding=2)
+    spread = None
+    if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
+        # Clipped at 0: a step with one repeat has min = median = max, up to rounding.
+        spread = [(ladder["speedup"] - ladder["speedup_min"]).clip(lower=0),
+                  (ladder["speedup_max"] - ladder["speedup"]).clip(lower=0)]
+    bars = ax.barh(ladder["step"], ladder["speedup"], color="C0", xerr=spread, ecolor="0.3", capsize=3)
+    ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ladder["speedup"]], fontsize=8, padding=8)
     ax.axvline(1, color="0.5", lw=1, ls="--")
-    ax.set_xlim(0, max(1.0, ladder["speedup"].max()) * 1.15)  # room for the labels
+    top_x = ladder["speedup_max"].max() if spread is not None else ladder["speedup"].max()
+    ax.set_xlim(0, max(1.0, top_x) * 1.2)  # room for the labels
     ax.invert_yaxis()
-    ax.set_xlabel("speedup over the float32 constrained loop (x)")
-    top = ladder.sort_values("speedup").iloc[-1]
-    set_title(ax, title or f"The technique ladder: best step '{top.step}' at {top.speedup:.2f}x the loop")
+    ax.set_xlabel("speedup over the float32 constrained loop (x" +
+                  ("; bars: slowest to fastest repeat)" if spread is not None else ")"))
+    ranked = ladder.sort_values("speedup", ascending=False)
+    top = ranked.iloc[0]
+    verdict = f"best step '{top.step}' at {top.speedup:.2f}x the loop"
+    if spread is not None and len(ranked) > 1 and ranked.iloc[1]["speedup_max"] >= top["speedup_min"]:
+        verdict = (f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of "
+                   f"'{ranked.iloc[1]['step']}'")
+    set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption_text, path)
 
@@ -216,6 +234,12 @@ def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None
     fig, ax = plt.subplots(figsize=(8, 4))
     bars = ax.bar(labels, best["roof_fraction"] * 100, color=["C0" if d == "float32" else "C1" for d in best["dtype"]])
     ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
+    if "kernel_ceiling" in best and best["kernel_ceiling"].notna().any():
+        # What the row would reach if its forward passes were nothing but their matmul and attention kernels.
+        ax.hlines(best["kernel_ceiling"] * 100, [i - 0.4 for i in range(len(best))], [i + 0.4 for i in range(len(best))],
+                  color="0.15", lw=2, label="kernel ceiling: its matmul and attention kernels alone")
+        ax.legend(fontsize=8, loc="upper left")
+        ax.set_ylim(0, max(100 * best[["roof_fraction", "kernel_ceiling"]].max().max() * 1.25, 1))
     ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
     top = best.sort_values("roof_fraction").iloc[-1]
     set_title(ax, title or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
@@ -234,25 +258,33 @@ def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png
     decode = sorted(profile.decode.items())
     ax.plot([b for b, _ in decode], [r for _, r in decode], marker="s", ls="--", color="C3",
             label=f"decode step: n rows x 1 new token ({profile.decode_context} cached)")
+    measured = max(tokens)
     for i, (name, n) in enumerate(marks.items()):
         rate = profile.tokens_per_s(n)
-        ax.axvline(n, color=f"C{i + 1}", lw=1, ls=":")
-        right = n > max(tokens) / 2  # label the right-hand marks on their left, inside the axes
-        ax.annotate(f"{name}\n{n} tokens: {rate:.0f}/s ({rate / profile.peak_tokens_per_s:.0%} of peak)", (n, rate),
-                    textcoords="offset points", xytext=(-5 if right else 5, -28 - 22 * i), fontsize=8,
-                    color=f"C{i + 1}", ha="right" if right else "left")
+        if n <= measured:
+            label = f"{name}: {n} tokens, {rate:.0f}/s ({rate / profile.peak_tokens_per_s:.0%} of peak)"
+            ax.plot([n], [rate], marker="o", color=f"C{i + 1}", ms=7)
+        else:  # the curve was not measured there: no rate to read off, only a place on the axis
+            label = f"{name}: {n} tokens, beyond the measured curve (it stops at {measured})"
+        ax.axvline(n, color=f"C{i + 1}", lw=1, ls=":" if n <= measured else "--", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per forward call (rows x tokens)")
     ax.set_ylabel("throughput (tokens / s)")
     if title is None:
         first, *rest = marks.items()
         title = f"Prefill: {first[0]} runs at {profile.tokens_per_s(first[1]) / profile.peak_tokens_per_s:.0%} of the peak"
-        if rest:
+        if rest and rest[-1][1] <= measured:
             title += f", {rest[-1][0]} at {profile.tokens_per_s(rest[-1][1]) / profile.peak_tokens_per_s:.0%}"
+        elif rest:
+            title += f"; {rest[-1][0]} lie beyond the measured curve"
     set_title(ax, title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
+
+
+# Ticket tokens are orange in every figure (SEGMENT_COLOURS); neighbouring batches alternate two shades of it.
+BATCH_SHADES = ("C1", "#fdbf6f")
 
 
 def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_batches.png", title: str | None = None):
@@ -269,14 +301,14 @@ def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_ba
             for i in batch:
                 pad = width - lengths[i]
                 ax.barh(y, pad, left=0, height=1, color="0.8", edgecolor="none")
-                ax.barh(y, lengths[i], left=pad, height=1, color=f"C{k % 2}", edgecolor="none")
+                ax.barh(y, lengths[i], left=pad, height=1, color=BATCH_SHADES[k % 2], edgecolor="none")
                 y += 1
             y += 1  # a gap between batches
         shares[name] = padding_report(lengths, plan).padding_fraction
         ax.set_title(f"{name}: {shares[name]:.0%} padding", fontsize=9)
         ax.set_ylim(y, -1)
         ax.set_yticks([])
-        ax.set_xlabel("tokens (grey: padding, on the left)")
+        ax.set_xlabel("tokens (grey: padding, on the left; orange: ticket tokens,\nbatches in alternating shades)")
     axes[0][0].set_ylabel(f"tickets, in batches of up to {max(len(b) for plan in plans.values() for b in plan)} rows")
     if title is None:
         (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]

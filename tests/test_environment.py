@@ -70,6 +70,14 @@ def test_what_a_lesson_does_not_need_only_warns_there(monkeypatch):
         check_environment(commands=True)
 
 
+def test_a_lesson_gets_one_line_when_all_is_well_and_the_whole_report_when_not(monkeypatch):
+    line = check_environment(brief=True)
+    assert "\n" not in line and line.startswith("environment ok (") and "torch " in line, line
+    pretend_versions(monkeypatch, papermill=None)
+    report = check_environment(brief=True)
+    assert "WARNING  papermill: not installed" in report and "transformers:" in report.splitlines()[2], report
+
+
 def test_the_embedded_model_is_required_only_where_the_model_needs_it(monkeypatch):
     from helpers import models
 

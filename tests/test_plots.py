@@ -146,15 +146,83 @@ def test_throughput_figure_has_error_bars_the_predicted_knees_and_names_a_winner
     assert path.exists()
     assert len(ax.containers) == 2, "one errorbar series per swept strategy"
     assert sorted(round(line.get_xdata()[0], 1) for line in ax.get_lines() if line.get_linestyle() == ":") == [3.0, 9.5]
-    assert "within noise of 1 other row" in ax.get_title()  # 8.1 vs 8.0, 5 % spreads
+    assert "within noise of 1 other row" in title_of(fig)  # 8.1 vs 8.0, 5 % spreads
     apart = frame.assign(items_per_s_max=frame["items_per_s"] * 1.01, items_per_s_min=frame["items_per_s"] * 0.99)
     apart.loc[apart["items_per_s"] == 8.1, ["items_per_s", "items_per_s_min", "items_per_s_max"]] = [9.0, 8.9, 9.1]
     apart.attrs = frame.attrs
     fig, _ = plot_throughput_vs_batch(apart, path=tmp_path / "u.png")
-    assert "beyond every other row's spread" in fig.axes[0].get_title()
+    assert "beyond every other row's spread" in title_of(fig)
     single = apart.assign(repeats=1, items_per_s_min=apart["items_per_s"], items_per_s_max=apart["items_per_s"])
     single.attrs = frame.attrs
     fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
-    assert "no spread to rank by" in fig.axes[0].get_title() and "beyond" not in fig.axes[0].get_title(), \
+    assert "no spread to rank by" in title_of(fig) and "beyond" not in title_of(fig), \
         "one run per row has no spread: the title ranks nothing"
+    plt.close("all")
+
+
+# --- figure details an instructor puts on screen ---
+
+
+def test_a_saturation_mark_beyond_the_measured_curve_is_not_drawn_as_measured(tmp_path):
+    from types import SimpleNamespace
+
+    from helpers.plots import plot_saturation
+    from helpers.profile import MachineProfile
+
+    curve = [(1, 100.0), (16, 1000.0), (256, 4000.0), (1024, 5000.0)]
+    profile = SimpleNamespace(prefill=curve, decode={1: 20.0, 32: 400.0}, decode_context=64, peak_tokens_per_s=5000.0,
+                              model="m", dtype="float32", caption=lambda: "machine",
+                              tokens_per_s=lambda n: MachineProfile.tokens_per_s(SimpleNamespace(prefill=curve), n))
+    fig, path = plot_saturation(profile, {"one median ticket": 96, "32 median tickets": 3072}, path=tmp_path / "s.png")
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert any(label.startswith("one median ticket: 96 tokens,") and "of peak" in label for label in labels), labels
+    assert any("32 median tickets: 3072 tokens, beyond the measured curve (it stops at 1024)" == label for label in labels)
+    assert "32 median tickets lie beyond the measured curve" in title_of(fig) and not ax.texts, "no annotations to overprint"
+    plt.close("all")
+
+
+def test_padded_batches_colour_ticket_tokens_as_every_figure_does(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from helpers.plots import BATCH_SHADES, SEGMENT_COLOURS, plot_padded_batches
+
+    lengths = [5, 9, 3, 7]
+    fig, _ = plot_padded_batches(lengths, {"sorted": [[2, 0], [3, 1]]}, "caption", path=tmp_path / "p.png")
+    colours = {to_hex(bar.get_facecolor()) for bar in fig.axes[0].patches}
+    assert to_hex(SEGMENT_COLOURS["ticket"]) == to_hex(BATCH_SHADES[0])
+    assert colours == {to_hex("0.8"), *(to_hex(shade) for shade in BATCH_SHADES)}, colours
+    plt.close("all")
+
+
+def test_padding_by_strategy_names_its_prompts_and_batch_size_in_words(tmp_path, embedded):
+    from helpers.bench import padding_by_strategy
+    from helpers.plots import plot_padding_by_strategy
+
+    padding = padding_by_strategy(embedded[1], n=40, batch_size=8)
+    fig, _ = plot_padding_by_strategy(padding, "caption", path=tmp_path / "b.png")
+    names = [tick.get_text() for tick in fig.axes[0].get_xticklabels()]
+    assert "token budget" in names and "token_budget" not in names, names
+    assert title_of(fig).startswith("Padding, zero-shot prompts, batches of 8:"), title_of(fig)
+    plt.close("all")
+
+
+def test_the_ladder_has_error_bars_and_the_roof_figure_its_kernel_ceilings(tmp_path):
+    from helpers.plots import plot_ladder, plot_roof_fraction
+
+    # generate + parse is timed once: its min and max equal its median, up to rounding (here 1 ulp above it)
+    ladder = pd.DataFrame({"step": ["generate + parse", "constrained loop", "+ prefix cache"], "speedup": [0.3, 1.0, 1.8],
+                           "speedup_min": [0.30000000000000004, 0.95, 1.6], "speedup_max": [0.3, 1.05, 1.9]})
+    fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "l.png")
+    assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers), "each step shows its spread"
+    assert "slowest to fastest repeat" in fig.axes[0].get_xlabel()
+    assert "best step '+ prefix cache' at 1.80x" in title_of(fig), "1.6-1.9 lies above 0.95-1.05: a winner"
+    close = ladder.assign(speedup_max=[0.3, 1.7, 1.9])
+    fig, _ = plot_ladder(close, "caption", path=tmp_path / "m.png")
+    assert "within noise of 'constrained loop'" in title_of(fig), title_of(fig)
+    frame = _bench_rows().assign(dtype="float32", roof_fraction=0.3, kernel_ceiling=0.5, compiled=False)
+    frame.attrs = _bench_rows().attrs
+    fig, _ = plot_roof_fraction(frame, path=tmp_path / "r.png")
+    ceilings = [c for c in fig.axes[0].collections if c.get_label().startswith("kernel ceiling")]
+    assert ceilings and len(ceilings[0].get_segments()) == frame["strategy"].nunique()
     plt.close("all")

@@ -1,0 +1,60 @@
+"""The workshop preset: one setting, the same model and sizes in every lesson on every machine."""
+
+import json
+import re
+
+import papermill
+import pytest
+
+from helpers.lessons import PRESET_ENV, WORKSHOP, apply_preset, preset_name
+from tests.test_notebooks import NOTEBOOKS, SOLUTIONS
+
+
+def test_no_preset_leaves_every_parameter_as_it_is(monkeypatch):
+    monkeypatch.delenv(PRESET_ENV, raising=False)
+    assert preset_name() is None
+    assert apply_preset("01", None, MODEL=None, N_TICKETS=None, N_GENERATE=None, N_PROBES=None) == dict(
+        MODEL=None, N_TICKETS=None, N_GENERATE=None, N_PROBES=None)
+    monkeypatch.setenv(PRESET_ENV, "")  # make exports an empty SLM_PRESET when none is set
+    assert preset_name() is None
+
+
+def test_the_environment_or_the_notebook_turns_it_on_and_what_you_set_wins(monkeypatch, capsys):
+    monkeypatch.setenv(PRESET_ENV, "workshop")
+    chosen = apply_preset("04", None, MODEL=None, N_TICKETS=None, DTYPES=None)
+    assert chosen == dict(MODEL="embedded", N_TICKETS=12, DTYPES=["float32"])
+    assert capsys.readouterr().out.strip() == "workshop preset: MODEL='embedded', N_TICKETS=12, DTYPES=['float32']"
+    mine = apply_preset("04", None, MODEL=None, N_TICKETS=40, DTYPES=None)
+    assert mine["N_TICKETS"] == 40 and mine["MODEL"] == "embedded"
+    assert "yours kept: N_TICKETS=40" in capsys.readouterr().out
+    monkeypatch.delenv(PRESET_ENV)
+    assert apply_preset("03", "workshop", MODEL=None, N_TICKETS=None, verbose=False)["N_TICKETS"] == WORKSHOP["03"]["N_TICKETS"]
+
+
+def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
+    monkeypatch.setenv(PRESET_ENV, "conference")
+    with pytest.raises(ValueError, match=r"unknown preset 'conference' in \$SLM_PRESET: choose from workshop"):
+        apply_preset("01", None, MODEL=None)
+    with pytest.raises(ValueError, match="unknown preset 'Workshop' in PRESET"):
+        apply_preset("01", "Workshop", MODEL=None)
+    with pytest.raises(ValueError, match="lesson 02 did not pass N_SCALING to apply_preset"):
+        apply_preset("02", "workshop", MODEL=None, N_TICKETS=None)
+    with pytest.raises(ValueError, match="has no lesson '07'"):
+        apply_preset("07", "workshop", MODEL=None)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
+def test_every_notebook_takes_the_preset_for_every_parameter_it_sets(notebook):
+    """Each notebook declares PRESET and the parameters its preset entry sets, defaulting to None (so the preset
+    applies), and passes them all to apply_preset."""
+    declared = papermill.inspect_notebook(str(notebook))
+    key = "solutions" if notebook.parent.name == "solutions" else notebook.stem[:2]
+    assert declared["PRESET"]["default"] == "None", f"{notebook.name}: PRESET must default to None"
+    for name in WORKSHOP[key]:
+        assert declared[name]["default"] == "None", f"{notebook.name}: {name} must default to None for the preset to set it"
+    code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
+                     if cell["cell_type"] == "code")
+    call = re.search(rf'apply_preset\(\s*"{key}", PRESET, ([^)]*)\)', code)
+    assert call, f"{notebook.name}: no apply_preset({key!r}, PRESET, ...) call"
+    passed = {part.split("=")[0].strip() for part in call.group(1).split(",")}
+    assert passed >= set(WORKSHOP[key]), f"{notebook.name}: apply_preset misses {set(WORKSHOP[key]) - passed}"
