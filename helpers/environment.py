@@ -204,7 +204,7 @@ def check_environment(model: str | None = None, commands: bool = False, brief: b
     requirement with its fix; soft problems are warning lines: what a lesson in an open notebook does not need
     (papermill, a Jupyter kernel for this interpreter, the embedded model when ``model`` resolves to another).
     ``commands=True`` (``python -m helpers check``) checks for the course's commands: papermill becomes hard.
-    ``brief=True`` (lessons 01-04): one line when every check passes, the whole report when one warns."""
+    ``brief=True`` (lessons 01-04): one line, followed by the line of each check that only warns."""
     checks = run_checks(model, commands)
     try:
         description = describe_environment()
@@ -214,8 +214,12 @@ def check_environment(model: str | None = None, commands: bool = False, brief: b
     problems = [f"{check.name}: {check.found}. Fix: {check.fix}" for check in checks if check.hard and not check.ok]
     if problems:
         raise EnvironmentProblem(problems, report)
-    if brief and all(check.ok for check in checks):
+    if brief:  # no hard problem: one line, then only the checks that warn (papermill on a hosted kernel, ...)
         found = versions(("torch", "transformers"))
-        return (f"environment ok ({len(checks)} checks): python {found['python']}, torch {found['torch']}, "
-                f"transformers {found['transformers']}; notebook 00 shows the details")
+        warnings = [check.line() for check in checks if not check.ok]
+        passed = len(checks) - len(warnings)
+        return "\n".join([f"environment ok ({passed} of {len(checks)} checks passed, the rest warn): "
+                           if warnings else f"environment ok ({len(checks)} checks): "
+                           f"python {found['python']}, torch {found['torch']}, transformers {found['transformers']}; "
+                           "notebook 00 shows the details", *warnings])
     return report

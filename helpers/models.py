@@ -35,8 +35,8 @@ TWINS = {
     ),
     # Two-layer models for the tests, one per architecture the course meets (Qwen2, and Llama as in the embedded
     # SmolLM2), with grouped-query attention. Weights 5x the usual scale and rotary frequencies of 1e4 make them
-    # as sensitive as a real model to what an optimised path can get wrong: a 2-position gap or an unmasked pad
-    # moves their label log-probs far beyond the tests' 1e-3 (tests/test_models.py checks it).
+    # see what an optimised path can get wrong: a 2-position gap moves their label log-probs by more than 20x the
+    # tests' 1e-3, one unmasked pad by more than 3x (tests/test_models.py checks both).
     "twin:tiny-qwen2": dict(
         model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,

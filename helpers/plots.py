@@ -218,9 +218,11 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
     ranked = ladder.sort_values("speedup", ascending=False)
     top = ranked.iloc[0]
     verdict = f"best step '{top.step}' at {top.speedup:.2f}x the loop"
-    if spread is not None and len(ranked) > 1 and ranked.iloc[1]["speedup_max"] >= top["speedup_min"]:
+    # A winner only beyond the spread, as in plot_throughput_vs_batch: no other step's fastest repeat reaches it.
+    close = ranked.iloc[1:][ranked.iloc[1:]["speedup_max"] >= top["speedup_min"]] if spread is not None else []
+    if len(close):
         verdict = (f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of "
-                   f"'{ranked.iloc[1]['step']}'")
+                   + ", ".join(f"'{step}'" for step in close["step"]))
     set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption_text, path)
@@ -236,8 +238,9 @@ def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None
     ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
     if "kernel_ceiling" in best and best["kernel_ceiling"].notna().any():
         # What the row would reach if its forward passes were nothing but their matmul and attention kernels.
-        ax.hlines(best["kernel_ceiling"] * 100, [i - 0.4 for i in range(len(best))], [i + 0.4 for i in range(len(best))],
-                  color="0.15", lw=2, label="kernel ceiling: its matmul and attention kernels alone")
+        left = [i - 0.4 for i in range(len(best))]
+        ax.hlines(best["kernel_ceiling"] * 100, left, [x + 0.8 for x in left], color="0.15", lw=2,
+                  label="kernel ceiling: its matmul and attention kernels alone")
         ax.legend(fontsize=8, loc="upper left")
         ax.set_ylim(0, max(100 * best[["roof_fraction", "kernel_ceiling"]].max().max() * 1.25, 1))
     ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
@@ -283,8 +286,9 @@ def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 
+SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
 # Ticket tokens are orange in every figure (SEGMENT_COLOURS); neighbouring batches alternate two shades of it.
-BATCH_SHADES = ("C1", "#fdbf6f")
+BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 
 
 def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_batches.png", title: str | None = None):
@@ -317,7 +321,6 @@ def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_ba
     return fig, finish(fig, caption_text, path)
 
 
-SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
 
 
 def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: str, row: int | None = None,

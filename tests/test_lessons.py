@@ -13,22 +13,27 @@ from tests.test_notebooks import NOTEBOOKS, SOLUTIONS
 def test_no_preset_leaves_every_parameter_as_it_is(monkeypatch):
     monkeypatch.delenv(PRESET_ENV, raising=False)
     assert preset_name() is None
-    assert apply_preset("01", None, MODEL=None, N_TICKETS=None, N_GENERATE=None, N_PROBES=None) == dict(
-        MODEL=None, N_TICKETS=None, N_GENERATE=None, N_PROBES=None)
+    assert apply_preset("01", None, MODEL=None, N_TICKETS=None) == dict(MODEL=None, N_TICKETS=None)
     monkeypatch.setenv(PRESET_ENV, "")  # make exports an empty SLM_PRESET when none is set
     assert preset_name() is None
 
 
 def test_the_environment_or_the_notebook_turns_it_on_and_what_you_set_wins(monkeypatch, capsys):
+    monkeypatch.delenv("SLM_MODEL", raising=False)
     monkeypatch.setenv(PRESET_ENV, "workshop")
     chosen = apply_preset("04", None, MODEL=None, N_TICKETS=None, DTYPES=None)
     assert chosen == dict(MODEL="embedded", N_TICKETS=12, DTYPES=["float32"])
     assert capsys.readouterr().out.strip() == "workshop preset: MODEL='embedded', N_TICKETS=12, DTYPES=['float32']"
     mine = apply_preset("04", None, MODEL=None, N_TICKETS=40, DTYPES=None)
     assert mine["N_TICKETS"] == 40 and mine["MODEL"] == "embedded"
-    assert "yours kept: N_TICKETS=40" in capsys.readouterr().out
+    assert "yours kept: N_TICKETS: 40" in capsys.readouterr().out
+    monkeypatch.setenv("SLM_MODEL", "twin:qwen2.5-0.5b")  # MODEL = None means $SLM_MODEL: the reader's choice
+    assert apply_preset("04", None, MODEL=None, N_TICKETS=None, DTYPES=None)["MODEL"] is None
+    assert "yours kept: MODEL: $SLM_MODEL='twin:qwen2.5-0.5b'" in capsys.readouterr().out
+    monkeypatch.delenv("SLM_MODEL")
     monkeypatch.delenv(PRESET_ENV)
-    assert apply_preset("03", "workshop", MODEL=None, N_TICKETS=None, verbose=False)["N_TICKETS"] == WORKSHOP["03"]["N_TICKETS"]
+    chosen = apply_preset("03", "workshop", MODEL=None, N_TICKETS=None, verbose=False)
+    assert chosen["N_TICKETS"] == WORKSHOP["03"]["N_TICKETS"]
 
 
 def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
@@ -37,8 +42,8 @@ def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
         apply_preset("01", None, MODEL=None)
     with pytest.raises(ValueError, match="unknown preset 'Workshop' in PRESET"):
         apply_preset("01", "Workshop", MODEL=None)
-    with pytest.raises(ValueError, match="lesson 02 did not pass N_SCALING to apply_preset"):
-        apply_preset("02", "workshop", MODEL=None, N_TICKETS=None)
+    with pytest.raises(ValueError, match="lesson 04 did not pass DTYPES to apply_preset"):
+        apply_preset("04", "workshop", MODEL=None, N_TICKETS=None)
     with pytest.raises(ValueError, match="has no lesson '07'"):
         apply_preset("07", "workshop", MODEL=None)
 
@@ -51,7 +56,8 @@ def test_every_notebook_takes_the_preset_for_every_parameter_it_sets(notebook):
     key = "solutions" if notebook.parent.name == "solutions" else notebook.stem[:2]
     assert declared["PRESET"]["default"] == "None", f"{notebook.name}: PRESET must default to None"
     for name in WORKSHOP[key]:
-        assert declared[name]["default"] == "None", f"{notebook.name}: {name} must default to None for the preset to set it"
+        assert declared[name]["default"] == "None", \
+            f"{notebook.name}: {name} must default to None for the preset to set it"
     code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
                      if cell["cell_type"] == "code")
     call = re.search(rf'apply_preset\(\s*"{key}", PRESET, ([^)]*)\)', code)

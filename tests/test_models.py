@@ -180,5 +180,6 @@ def test_the_tiny_twins_see_the_errors_the_exactness_tests_look_for(request, tic
         mask = torch.ones_like(padded)
         mask[0, 0] = 0
         pad_positions = torch.cat([torch.zeros(1, 1, dtype=torch.long), positions], dim=1)
-        assert torch.allclose(exact, label_log_probs(padded, attention_mask=mask, position_ids=pad_positions), atol=1e-4)
+        masked = label_log_probs(padded, attention_mask=mask, position_ids=pad_positions)
+        assert torch.allclose(exact, masked, atol=1e-4)
         assert (exact - label_log_probs(padded, position_ids=pad_positions)).abs().max() > 3e-3, f"unmasked pad: {text}"
