@@ -12,7 +12,8 @@ Three measurements, made once and then reused by every notebook and by ``python 
 
 Profiles are cached for the process and on disk (``cache_dir()/profiles``), keyed by machine, torch version,
 model, dtype and device, so notebooks 01-04 reuse the one notebook 00 measured. Work is sized from them:
-``estimate_seconds`` turns a list of forward calls into seconds, ``size_to_budget`` a time budget into a count.
+``estimate_seconds`` turns a list of forward calls into seconds, ``size_to_budget`` a time budget into a count, and
+``fit_to_budget`` does the same for a lesson: its count and timed rounds, each decision in one line.
 """
 
 from __future__ import annotations
@@ -350,6 +351,58 @@ def size_to_budget(
     reason = (f"{low} {what}: an estimated {estimate(low):.0f} s of model time on this machine (from its measured "
               f"profile), within the {budget_s:.0f} s budget")
     return low, reason + (f" (capped at {cap})" if low == cap else "")
+
+
+
+STRETCH = 1.5  # a lesson keeps its floor up to this many times its budget; beyond that it shrinks towards its minimum
+
+
+@dataclass
+class Sizing:
+    """What ``fit_to_budget`` chose: the count, the timed rounds, and one line per decision (``str``: the lines)."""
+
+    n: int
+    repeats: int | None
+    lines: list[str]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def fit_to_budget(
+    budget_s: float,
+    estimate: Callable[..., float],
+    floor: int,
+    cap: int,
+    *,
+    minimum: int | None = None,
+    explicit: int | None = None,
+    repeats: int | None = None,
+    what: str = "tickets",
+) -> Sizing:
+    """A lesson's count and timed rounds for its time budget, and why, in one call.
+
+    ``estimate(n)``, or ``estimate(n, repeats)`` when ``repeats`` is given: the lesson's model seconds. An explicit
+    count wins. Otherwise, where even ``floor`` is over the budget, the timed rounds drop to 2 (the fewest that give
+    a spread); the count is the largest in [floor, cap] within the budget (``size_to_budget``), or the floor while
+    it needs at most ``STRETCH`` times the budget. A floor beyond that (a large model, a slow machine) gives way:
+    the largest count in [minimum, floor) within ``STRETCH`` times the budget, at least ``minimum`` (None: the floor
+    never gives way, e.g. an accuracy that needs its tickets).
+    """
+    lines: list[str] = []
+    cost = (lambda n: estimate(n, repeats)) if repeats is not None else estimate
+    if explicit is None and repeats is not None and repeats > 2 and cost(floor) > budget_s:
+        wanted, needed, repeats = repeats, cost(floor), 2
+        lines.append(f"2 timed rounds instead of {wanted}: {floor} {what} with {wanted} need an estimated {needed:.0f} s "
+                     f"here, over the {budget_s:.0f} s budget")
+    if explicit is not None or cost(floor) <= STRETCH * budget_s or minimum is None or minimum >= floor:
+        n, why = size_to_budget(budget_s, cost, floor=floor, cap=cap, explicit=explicit, what=what)
+        return Sizing(n, repeats, [*lines, why])
+    n = next((n for n in range(floor - 1, minimum - 1, -1) if cost(n) <= STRETCH * budget_s), minimum)
+    lines.append(f"{n} {what}, below this lesson's floor of {floor}: {floor} need an estimated {cost(floor):.0f} s here, "
+                 f"over {STRETCH:g}x the {budget_s:.0f} s budget (a large model or a slow machine); {n} need about "
+                 f"{cost(n):.0f} s. N_TICKETS = {floor} runs every section at its intended size")
+    return Sizing(n, repeats, lines)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from helpers.profile import (
     MachineProfile,
     PlannedRun,
     estimate_runs,
+    fit_to_budget,
     machine_profile,
     size_to_budget,
 )
@@ -71,6 +72,26 @@ def test_sizing_takes_the_largest_count_within_the_budget_with_floor_cap_and_ove
     assert size_to_budget(10_000, cost, floor=4, cap=600)[0] == 600
     n, why = size_to_budget(1, cost, floor=4, cap=600, explicit=24)
     assert n == 24 and "set explicitly" in why
+
+
+
+def test_a_lesson_fits_its_budget_with_fewer_rounds_then_fewer_tickets_and_says_so():
+    cost = lambda n, repeats: n * repeats  # noqa: E731
+    within = fit_to_budget(100, cost, floor=4, cap=600, minimum=2, repeats=3)
+    assert (within.n, within.repeats) == (33, 3) and len(within.lines) == 1 and "within the 100 s budget" in str(within)
+    # The floor with 3 rounds (24 s) is over the 20 s budget: 2 rounds; 16 s then fit, and the count grows to 10.
+    rounds = fit_to_budget(20, cost, floor=8, cap=600, minimum=2, repeats=3)
+    assert (rounds.n, rounds.repeats) == (10, 2) and "2 timed rounds instead of 3" in rounds.lines[0]
+    # Within 1.5x the budget the floor is kept (and said to be over); beyond, the count gives way towards the minimum.
+    kept = fit_to_budget(12, cost, floor=8, cap=600, minimum=2, repeats=2)
+    assert kept.n == 8 and "over the 12 s budget" in str(kept)
+    shrunk = fit_to_budget(6, cost, floor=8, cap=600, minimum=2, repeats=2)
+    assert shrunk.n == 4 and "below this lesson's floor of 8" in str(shrunk) and "N_TICKETS = 8" in str(shrunk)
+    assert fit_to_budget(1, cost, floor=8, cap=600, minimum=3, repeats=2).n == 3  # never below the minimum
+    assert fit_to_budget(6, cost, floor=8, cap=600, repeats=2).n == 8  # no minimum: the floor never gives way
+    explicit = fit_to_budget(1, cost, floor=8, cap=600, minimum=2, explicit=50, repeats=3)
+    assert (explicit.n, explicit.repeats) == (50, 3) and "set explicitly" in str(explicit)
+    assert fit_to_budget(1, lambda n: n, floor=8, cap=600, minimum=2).n == 2  # an estimate of the count alone
 
 
 def test_estimates_charge_padding_and_per_call_costs():
