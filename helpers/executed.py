@@ -90,14 +90,26 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
     earlier = readme.read_text().split("**Date:** ", 1)[1].split(".", 1)[0] if notebooks and readme.is_file() and \
         "**Date:** " in readme.read_text() else ""
     timings = []
+    # A saved progress bar is a widget whose saved view is its first frame (0 %): in copies made for reading, the
+    # kernels run without bars (tqdm's and the hub's), and each cell's printed result says what it did.
+    quiet = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    saved = {name: os.environ.get(name) for name in quiet}
     for source in notebooks or sources():
         target = copy_of(source, folder)
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"== {source.relative_to(ROOT)}", flush=True)
         start = time.perf_counter()
         parameters = {"OUTPUT_DIR": str(target.parent), "PRESET": PRESET}
-        papermill.execute_notebook(str(source), str(target), parameters=parameters,
-                                   cwd=str(target.parent), progress_bar=False, kernel_name="python3")
+        os.environ.update(quiet)  # the kernel inherits this process's environment
+        try:
+            papermill.execute_notebook(str(source), str(target), parameters=parameters,
+                                       cwd=str(target.parent), progress_bar=False, kernel_name="python3")
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         seconds = time.perf_counter() - start
         stamp(target, machine, seconds, source)
         timings.append((target, seconds))

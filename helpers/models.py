@@ -7,6 +7,7 @@ prepared for batching, and a ``ModelInfo`` record that every result carries alon
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -287,15 +288,33 @@ def resolve_name(name: str | None = None) -> tuple[str, str | None]:
     return DEFAULT_MODEL, None
 
 
+def twin_path(name: str) -> Path:
+    """Where a twin's random weights are kept after their first build, keyed by its configuration (a changed
+    ``TWINS`` entry builds anew)."""
+    digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
+    return cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
+
+
 def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
+    """A twin: its architecture with random weights, drawn once (seed 0) and saved, so that a later load reads them
+    in about a second instead of drawing hundreds of millions of random numbers again (several seconds)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(convert_embedded())
-    options = dict(TWINS[name])
-    config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)  # the same random weights every time, so reruns compare
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config).to(dtype)
+    saved = twin_path(name)
+    if not (saved / "config.json").is_file():
+        options = dict(TWINS[name])
+        config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)  # the same random weights every time, so reruns compare
+        built = AutoModelForCausalLM.from_config(config)
+        partial = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
+        built.save_pretrained(partial)
+        try:
+            partial.replace(saved)  # whole or not at all: an interrupted build leaves no half copy
+        except OSError:  # another process saved it first: theirs are the same weights
+            shutil.rmtree(partial, ignore_errors=True)
+        del built
+    model = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype).to(device)
     return model, tokenizer
 
 

@@ -58,28 +58,35 @@ def _coverage_title(curve, n: int | None = None) -> str:
 
 def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None, profile=None,
                            n: int | None = None):
-    """Accuracy of the tickets kept against the share kept, as the confidence threshold rises.
+    """Against a rising confidence threshold: the share of tickets kept (coverage) and the accuracy on them, each
+    point labelled with the tickets it keeps.
 
-    With ``n`` (the tickets behind the curve), each point also gets its 95 % Wilson interval, shaded: the fewer
+    With ``n`` (the tickets behind the curve), each accuracy also gets its 95 % Wilson interval, shaded: the fewer
     tickets a threshold keeps, the less its accuracy says.
     """
     from .scoring import wilson_interval
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(curve["coverage"] * 100, curve["accuracy"] * 100, marker=".", label="accuracy on the tickets kept")
+    fig, ax = plt.subplots(figsize=(7, 4.3))
+    x = curve["threshold"] * 100
+    ax.plot(x, curve["coverage"] * 100, marker=".", color="0.45", label="coverage: tickets kept (%)")
+    ax.plot(x, curve["accuracy"] * 100, marker="o", color="C0",
+            label="accuracy on the tickets kept (%)" + ("; numbers: tickets kept" if n else ""))
     if n:
         kept = curve.dropna(subset=["accuracy"])
         counts = (kept["coverage"] * n).round().astype(int)
         bounds = [wilson_interval(round(acc * k), k) for acc, k in zip(kept["accuracy"], counts)]
-        ax.fill_between(kept["coverage"] * 100, [100 * lo for lo, _ in bounds], [100 * hi for _, hi in bounds],
-                        alpha=0.2, label="95 % Wilson interval")
-        ax.legend(fontsize=8, loc="best")
-    ax.set_xlabel("coverage: tickets classified automatically (%)")
-    ax.set_ylabel("accuracy on those tickets (%)")
+        ax.fill_between(kept["threshold"] * 100, [100 * lo for lo, _ in bounds], [100 * hi for _, hi in bounds],
+                        color="C0", alpha=0.15, label="95 % Wilson interval of the accuracy")
+        for threshold, accuracy, count in zip(kept["threshold"], kept["accuracy"], counts):
+            ax.annotate(str(count), (threshold * 100, accuracy * 100), xytext=(0, 6), textcoords="offset points",
+                        ha="center", fontsize=7, color="C0")
+    ax.set_xlabel("confidence threshold (%): tickets below it go to a person")
+    ax.set_ylabel("%")
     set_title(ax, title or _coverage_title(curve, n))
-    ax.set_xlim(0, 102)
-    ax.set_ylim(0, 102)
+    ax.set_ylim(0, 108)
     ax.grid(alpha=0.3)
+    # Below the axes: inside, it would cover the points at one end or the other.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
     return fig, finish(fig, caption(info, profile), path)
 
 

@@ -375,17 +375,20 @@ def score_one_by_one(
 
 @torch.inference_mode()
 def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> torch.Tensor:
-    """The slow way, for checks: one full forward per label over prompt + label, all logits kept.
+    """The slow way, for checks: one full forward per label over prompt + label, no cache, no batching, no branches.
 
-    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is).
+    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is). Only the positions that predict
+    the label's tokens leave the output layer (the prompt's last and the label's own but its last): the rest of a
+    prompt-length x vocabulary logits tensor would be computed for nothing.
     """
     prompt_ids = encode_prompt(tokenizer, prompt)
     scores = []
     for ids in scorer.token_ids:
         full = torch.tensor([prompt_ids + ids], device=model.device)
-        logp = torch.log_softmax(model(input_ids=full).logits[0].float(), dim=-1).cpu()
-        # The token at position p is predicted by the logits at p - 1.
-        score = sum(logp[len(prompt_ids) - 1 + k, token].item() for k, token in enumerate(ids))
+        # The token at position p is predicted by the logits at p - 1: keep positions len(prompt) - 1 onwards.
+        logits = model(input_ids=full, logits_to_keep=len(ids) + 1).logits[0, :len(ids)]
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        score = sum(logp[k, token].item() for k, token in enumerate(ids))
         scores.append(score / len(ids) if scorer.normalize else score)
     return torch.tensor(scores)
 
@@ -414,6 +417,24 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> s
     )
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
+
+
+@torch.inference_mode()
+def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> pd.DataFrame:
+    """The forward passes behind ``generate_answer``, one row each: the tokens it processed (the prompt, then one
+    token per decode step over the cache), the token it chose and that token's probability. The same greedy
+    generation, with its scores kept (notebook 01 draws it)."""
+    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, pad_token_id=tokenizer.pad_token_id, output_scores=True,
+                         return_dict_in_generate=True)
+    chosen = out.sequences[0, ids.shape[1]:].tolist()
+    rows = []
+    for step, (token, scores) in enumerate(zip(chosen, out.scores)):
+        rows.append({"pass": step + 1, "input_tokens": ids.shape[1] if step == 0 else 1, "token_id": token,
+                     "token": tokenizer.decode([token]),
+                     "probability": torch.softmax(scores[0].float(), dim=-1)[token].item()})
+    return pd.DataFrame(rows)
 
 # --- agreement with the reference -----------------------------------------------------------------
 
@@ -570,6 +591,24 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
 
+
+
+def paired_verdict(name_a: str, correct_a, name_b: str, correct_b, alpha: float = 0.05) -> dict:
+    """Two classifiers scored on the same tickets, compared by McNemar's exact test: the tickets only one of them
+    got right (``only_a``, ``only_b``), the p-value, and a one-line ``verdict`` that names a winner only when
+    p < ``alpha``. ``correct_a`` and ``correct_b``: per ticket, right or wrong, in the same ticket order."""
+    a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"{name_a} and {name_b} must be scored on the same tickets: got {a.shape} and {b.shape}")
+    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
+    p = mcnemar_exact(only_a, only_b)
+    counts = f"{only_a} ticket(s) only {name_a} got right, {only_b} only {name_b}; McNemar's exact p = {p:.3f}"
+    if p < alpha:
+        better, worse = (name_a, name_b) if only_a > only_b else (name_b, name_a)
+        verdict = f"{better} beat {worse} beyond chance on these {len(a)} tickets ({counts})"
+    else:
+        verdict = f"{name_a} and {name_b} are not distinguishable on these {len(a)} tickets ({counts})"
+    return {"only_a": only_a, "only_b": only_b, "p": p, "significant": p < alpha, "verdict": verdict}
 
 # --- which labels a tokenizer splits (notebook 01 derives its examples from the loaded tokenizer) ----------
 

@@ -65,7 +65,8 @@ def exercises(lesson: Path) -> list[str]:
     text = "\n".join(markdown(lesson))
     if "### Exercises" not in text:
         return []
-    items = re.split(r"^\d+\. ", text.split("### Exercises", 1)[1], flags=re.M)[1:]
+    body = re.split(r"^## ", text.split("### Exercises", 1)[1], flags=re.M)[0]  # up to "## Going deeper", if any
+    items = re.split(r"^\d+\. ", body, flags=re.M)[1:]
     return [" ".join(item.split()) for item in items]
 
 
@@ -82,6 +83,31 @@ def test_every_exercise_has_a_worked_solution(notebook):
         assert heading, f"{solutions.name}: no '## Exercise {k}' cell"
         assert exercise in heading[0], f"{solutions.name}: exercise {k} does not quote the lesson's text: {exercise!r}"
     assert not any(cell.startswith(f"## Exercise {len(wanted) + 1}") for cell in cells), f"{solutions.name}: extra exercises"
+
+
+def your_turns(lesson: Path) -> list[str]:
+    """The lesson's inline "**Your turn k.**" prompts, in order, whitespace collapsed."""
+    cells = [cell for cell in markdown(lesson) if cell.startswith("**Your turn ")]
+    return [" ".join(re.sub(r"^\*\*Your turn \d+\.\*\*", "", cell).split()) for cell in cells]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_lesson_asks_the_reader_to_act_inline_and_answers_it(notebook):
+    """At least two "your turn" cells in the lesson, numbered in order, each followed by the code cell it asks to
+    change, and each answered under "## Your turn k" in the solutions (which the suite executes)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    prompts = [i for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+               and "".join(cell["source"]).startswith("**Your turn ")]
+    assert len(prompts) >= 2, f"{notebook.name}: {len(prompts)} 'your turn' cell(s), want at least 2"
+    numbers = [int(re.match(r"\*\*Your turn (\d+)\.", "".join(cells[i]["source"])).group(1)) for i in prompts]
+    assert numbers == list(range(1, len(prompts) + 1)), f"{notebook.name}: your turns numbered {numbers}"
+    assert all(cells[i + 1]["cell_type"] == "code" for i in prompts), f"{notebook.name}: a your-turn without its code cell"
+    solutions = NOTEBOOK_DIR / "solutions" / f"{notebook.stem[:2]}_solutions.ipynb"
+    answers = [" ".join(cell.split()) for cell in markdown(solutions)]
+    for k, prompt in enumerate(your_turns(notebook), start=1):
+        heading = [cell for cell in answers if cell.startswith(f"## Your turn {k} ")]
+        assert heading, f"{solutions.name}: no '## Your turn {k}' cell"
+        assert prompt in heading[0], f"{solutions.name}: your turn {k} does not quote the lesson: {prompt!r}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)

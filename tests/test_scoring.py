@@ -325,3 +325,19 @@ def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
     assert str(tolerance).startswith(dtype) and ("near-ties" in str(tolerance)) == (dtype != "float32")
     with pytest.raises(ValueError, match="no agreement tolerance for dtype 'int8'"):
         tolerance_for("int8")
+
+
+def test_paired_verdict_counts_the_discordant_tickets_and_names_a_winner_only_below_alpha():
+    from helpers.scoring import paired_verdict
+
+    a = [True] * 12 + [False] * 8
+    b = [False] * 12 + [False] * 8  # a got 12 tickets right that b missed, b none that a missed
+    result = paired_verdict("few-shot", a, "zero-shot", b)
+    assert (result["only_a"], result["only_b"]) == (12, 0) and result["p"] == pytest.approx(2 / 2**12)
+    assert result["verdict"].startswith("few-shot beat zero-shot beyond chance on these 20 tickets")
+    even = paired_verdict("x", [True, False, True, False], "y", [False, True, False, True])
+    assert not even["significant"] and "not distinguishable" in even["verdict"] and even["p"] == 1.0
+    # Both right on the same tickets decide nothing: identical classifiers are never told apart.
+    assert paired_verdict("x", a, "y", a)["p"] == 1.0
+    with pytest.raises(ValueError, match="same tickets"):
+        paired_verdict("x", [True], "y", [True, False])

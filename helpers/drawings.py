@@ -1,0 +1,135 @@
+"""The mechanisms drawn from real tensors: generate vs score and the tree mask (notebook 01), the KV cache (02).
+
+Each function takes what a lesson computed on its model (the passes generation made, the mask the scorer built,
+the cache's keys) and draws it; nothing here runs a model. Titles are computed from the tensors they draw.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .plots import SEGMENT_COLOURS, finish, set_title
+
+
+def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: str, path="generate_vs_score.png",
+                           title: str | None = None, answer: str | None = None, score_tokens: int | None = None):
+    """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.scoring.generation_steps``:
+    input tokens, the token it chose and its probability) above scoring's single pass. Right: what that single pass
+    gives, every label's probability. ``answer``: the generated text as the parser sees it (default: the tokens
+    joined); ``score_tokens``: what the scoring pass processes (default: the prompt; add the label tokens appended
+    after it)."""
+    if not len(steps):
+        raise ValueError("plot_generate_vs_score needs at least one generation step")
+    labels, probs = list(label_probs), [float(p) for p in label_probs.values()]
+    prompt = int(steps["input_tokens"].iloc[0])
+    scored = int(score_tokens or prompt)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(steps) + 2.6), width_ratios=(3, 2))
+    rows = [f"generate, pass {k + 1}" for k in range(len(steps))] + ["score, the only pass"]
+    widths = [*steps["input_tokens"], scored]
+    colours = ["C3"] * len(steps) + ["C0"]
+    left.barh(range(len(rows)), widths, color=colours, alpha=0.8)
+    for k, step in enumerate(steps.itertuples()):
+        left.text(step.input_tokens * 1.15, k, f"{step.input_tokens} token(s) in -> {step.token!r} "
+                  f"(p = {step.probability:.2f})", va="center", fontsize=8)
+    left.text(scored * 1.15, len(steps), f"{scored} tokens in -> every label's probability", va="center", fontsize=8)
+    left.set_xscale("log")
+    left.set_xlim(0.7, prompt * 60)
+    left.set_yticks(range(len(rows)), rows, fontsize=8)
+    left.invert_yaxis()
+    left.set_xlabel("tokens the forward pass processes (log scale)")
+    left.set_title("forward passes for one ticket", fontsize=9)
+    right.barh(range(len(labels)), probs, color="C0")
+    for k, p in enumerate(probs):
+        right.text(p, k, f" {p:.2f}", va="center", fontsize=8)
+    right.set_yticks(range(len(labels)), labels, fontsize=8)
+    right.invert_yaxis()
+    right.set_xlim(0, 1.15)
+    right.set_xlabel("probability, softmax over the labels only")
+    right.set_title("what scoring's one pass returns", fontsize=9)
+    answer = "".join(steps["token"]) if answer is None else answer
+    if title is None:
+        title = (f"Generating {answer.strip()!r} took {len(steps)} forward passes and gives text to parse; scoring "
+                 f"takes 1 and gives {len(labels)} probabilities (top: {labels[int(np.argmax(probs))]}, "
+                 f"{max(probs):.0%})")
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="tree_mask.png",
+                   title: str | None = None):
+    """One row's attention: which keys (columns) each query (rows: the last ``len(allowed)`` keys) may see.
+
+    ``allowed``: (queries, keys) booleans; ``key_names``: a token per key. ``branch_of``: per key, the label branch
+    it belongs to (-1: the prompt), so each branch gets its own colour; masked cells are white."""
+    allowed = np.asarray(allowed, dtype=bool)
+    queries, keys = allowed.shape
+    branch_of = np.full(keys, -1) if branch_of is None else np.asarray(branch_of)
+    if len(key_names) != keys or len(branch_of) != keys:
+        raise ValueError(f"{keys} keys, but {len(key_names)} names and {len(branch_of)} branch entries")
+    branches = [b for b in dict.fromkeys(branch_of.tolist()) if b >= 0]
+    palette = {-1: SEGMENT_COLOURS["ticket"], **{b: f"C{2 + i}" for i, b in enumerate(branches)}}
+    picture = np.ones((queries, keys, 3))
+    for j in range(keys):
+        colour = plt.matplotlib.colors.to_rgb(palette[int(branch_of[j])])
+        picture[allowed[:, j], j] = colour
+    fig, ax = plt.subplots(figsize=(0.42 * keys + 2.5, 0.42 * queries + 2.2))
+    ax.imshow(picture, aspect="equal", interpolation="nearest")
+    ax.set_xticks(range(keys), key_names, rotation=90, fontsize=8)
+    ax.set_yticks(range(queries), key_names[keys - queries:], fontsize=8)
+    ax.set_xticks(np.arange(-0.5, keys), minor=True)
+    ax.set_yticks(np.arange(-0.5, queries), minor=True)
+    ax.grid(which="minor", color="0.85", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("keys: the prompt's last tokens, then each label branch (white: masked)")
+    ax.set_ylabel("queries")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[-1])] + [plt.Rectangle((0, 0), 1, 1, color=palette[b])
+                                                                   for b in branches]
+    names = ["prompt"] + [f"label branch {k + 1}" for k in range(len(branches))]
+    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if title is None:
+        title = (f"A tree mask: {len(branches)} label branches each see the whole prompt and their own tokens, "
+                 "never another branch")
+    set_title(ax, title)
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str | None = None):
+    """What a KV cache holds, step by step: one panel per snapshot, the keys of one layer and head as an image
+    (rows: token positions, columns: the head's dimensions), with a strip that says what each row is.
+
+    ``snapshots``: (name, keys (positions x dims), kinds) with kinds per position: "reused" (computed once, the
+    same numbers in every panel), "appended" (this ticket's, written by its forward) or "dropped" (cropped away)."""
+    colours = {"reused": SEGMENT_COLOURS["cached prefix"], "appended": SEGMENT_COLOURS["ticket"], "dropped": "0.85"}
+    longest = max(len(keys) for _, keys, _ in snapshots)
+    fig, axes = plt.subplots(1, len(snapshots), figsize=(3.2 * len(snapshots), 4.8), sharey=True, squeeze=False)
+    scale = max(float(np.abs(np.asarray(keys)).max()) for _, keys, _ in snapshots)
+    for ax, (name, keys, kinds) in zip(axes[0], snapshots):
+        keys = np.asarray(keys, dtype=float)
+        if len(kinds) != len(keys):
+            raise ValueError(f"{name}: {len(keys)} positions but {len(kinds)} kinds")
+        width = keys.shape[1]
+        strip = max(2, width // 8)
+        ax.imshow(keys, aspect="auto", cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest",
+                  extent=(strip - 0.5, strip + width - 0.5, len(keys) - 0.5, -0.5))
+        for position, kind in enumerate(kinds):
+            ax.add_patch(plt.Rectangle((-0.5, position - 0.5), strip, 1, color=colours[kind], lw=0))
+        ax.set_xlim(-0.5, strip + width - 0.5)
+        ax.set_ylim(longest - 0.5, -0.5)
+        counts = {kind: list(kinds).count(kind) for kind in colours if kind in kinds}
+        ax.set_title(textwrap.fill(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()), 34),
+                     fontsize=8)
+        ax.set_xlabel("key dimensions of one head")
+        ax.set_xticks([])
+    axes[0][0].set_ylabel("token position in the cache")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    axes[0][-1].legend(handles, ["prefix: computed once, reused", "this ticket's: appended", "cropped away"],
+                       fontsize=7, loc="lower right")
+    if title is None:
+        prefix = list(snapshots[0][2]).count("reused")
+        title = (f"The cache holds the {prefix}-token prefix's keys once; each ticket appends its own and a crop "
+                 "drops them again (layer 0, head 0: the same numbers wherever the strip is blue)")
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
