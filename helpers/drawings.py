@@ -105,7 +105,7 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
     colours = {"reused": SEGMENT_COLOURS["cached prefix"], "appended": SEGMENT_COLOURS["ticket"], "dropped": "0.85"}
     longest = max(len(keys) for _, keys, _ in snapshots)
     fig, axes = plt.subplots(1, len(snapshots), figsize=(3.2 * len(snapshots), 4.8), sharey=True, squeeze=False)
-    scale = max(float(np.abs(np.asarray(keys)).max()) for _, keys, _ in snapshots)
+    scale = max(float(np.nanmax(np.abs(np.asarray(keys, dtype=float)))) for _, keys, _ in snapshots)  # crops: NaN
     for ax, (name, keys, kinds) in zip(axes[0], snapshots):
         keys = np.asarray(keys, dtype=float)
         if len(kinds) != len(keys):

@@ -353,7 +353,6 @@ def size_to_budget(
     return low, reason + (f" (capped at {cap})" if low == cap else "")
 
 
-
 STRETCH = 1.5  # a lesson keeps its floor up to this many times its budget; beyond that it shrinks towards its minimum
 
 

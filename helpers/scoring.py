@@ -377,8 +377,8 @@ def score_one_by_one(
 def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> torch.Tensor:
     """The slow way, for checks: one full forward per label over prompt + label, no cache, no batching, no branches.
 
-    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is). Only the positions that predict
-    the label's tokens leave the output layer (the prompt's last and the label's own but its last): the rest of a
+    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is). Only the label's positions go
+    through the output layer (the prompt's last and the label's own, the very last one unused): the rest of a
     prompt-length x vocabulary logits tensor would be computed for nothing.
     """
     prompt_ids = encode_prompt(tokenizer, prompt)
@@ -418,7 +418,6 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> s
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-
 @torch.inference_mode()
 def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> pd.DataFrame:
     """The forward passes behind ``generate_answer``, one row each: the tokens it processed (the prompt, then one
@@ -426,11 +425,12 @@ def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> 
     generation, with its scores kept (notebook 01 draws it)."""
     ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id, output_scores=True,
+                         do_sample=False, pad_token_id=tokenizer.pad_token_id, output_logits=True,
                          return_dict_in_generate=True)
     chosen = out.sequences[0, ids.shape[1]:].tolist()
     rows = []
-    for step, (token, scores) in enumerate(zip(chosen, out.scores)):
+    # The raw logits, not the processed scores: a model's generation config may penalise repeats even when greedy.
+    for step, (token, scores) in enumerate(zip(chosen, out.logits)):
         rows.append({"pass": step + 1, "input_tokens": ids.shape[1] if step == 0 else 1, "token_id": token,
                      "token": tokenizer.decode([token]),
                      "probability": torch.softmax(scores[0].float(), dim=-1)[token].item()})
@@ -590,7 +590,6 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
-
 
 
 def paired_verdict(name_a: str, correct_a, name_b: str, correct_b, alpha: float = 0.05) -> dict:

@@ -2,8 +2,8 @@
 
 Every pass a lesson makes is listed once, as ``PlannedRun``s over the prompt lengths the tokenizer gives, and the
 machine profile turns them into seconds before any model runs (``helpers.profile.estimate_runs``);
-``fit_to_budget`` picks the count. The functions mirror their notebooks' cells: a pass added to a lesson belongs in
-its list here too. Each returns a ``LessonSizing``: printed, one line when all is well, one more per choice that
+``fit_to_budget`` picks the count. The functions mirror their notebooks' cells (a pass added to a lesson belongs in
+its list here too); a pass of a few tickets that is cheap next to the rest may be left out. Each returns a ``LessonSizing``: printed, one line when all is well, one more per choice that
 needs saying (fewer rounds, a floor that gave way, a dtype dropped).
 """
 
@@ -80,11 +80,15 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
         few, zero = shapes[few_shot, False][1], shapes[0, False][1]
         # Sections 1-3, one ticket at a time: generate + parse (few-shot, zero-shot, the drawing and your turn 1),
         # constrained and the shortcut, the race (a warm-up and the rounds); on the probes, Check 1 (a forward per
-        # label, twice; the loop twice), Check 2 (twice) and the tree-mask labels (slow and fast).
+        # label and the loop, twice: 8), Check 2 (2) and the tree-mask labels (4 slow, 1 fast).
         runs = [PlannedRun(few[:g], new_tokens=5, repeats=2 + rounds), PlannedRun(zero[:g], new_tokens=5),
                 PlannedRun(few[:1], new_tokens=5, repeats=2),
                 PlannedRun(few[:g], continuation=extra, repeats=3 + rounds),
-                PlannedRun(few[:p], continuation=extra, repeats=14)]
+                PlannedRun(few[:p], continuation=extra, repeats=15),
+                # Going deeper: an extending label pair on 3 + g tickets, answer prefixes and whole answers, and
+                # the slow way on the probes (4 labels)
+                PlannedRun(few[:3 + g], continuation=extra + 1, repeats=2),
+                PlannedRun(few[:p], continuation=extra + 1, repeats=4)]
         # Sections 4-6: per variant, the prefix once, the tickets' own tokens in sorted batches on it, the probes.
         for shots, descriptions in passes:
             prefix, whole = shapes[shots, descriptions is not None]
@@ -98,7 +102,8 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
     lines = []
     floor, minimum = (90, None) if not info.timing_only else (6, 3)
     if info.timing_only:
-        lines.append("random weights: the 90-ticket accuracy floor is skipped (accuracy is meaningless): 6 tickets")
+        lines.append("random weights: the 90-ticket accuracy floor is skipped (accuracy is meaningless): the floor is "
+                     "6 tickets")
     count, rounds, fit = _fit(budget_s, seconds, floor, len(pool), minimum, n, repeats,
                               lambda c: f"{generate_count(c)} for the generate-vs-score race, {probe_count(c)} probes")
     return LessonSizing(count, rounds, {"generate": generate_count(count), "probes": probe_count(count)}, lines + fit)
@@ -210,6 +215,7 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
         lengths = pool_lengths[:count]
         suffix = [length - prefix_tokens for length in lengths]
         budget_per_row = int(np.median(lengths))
+        longest = sorted(lengths)[::-1]
         total = 0.0
         for dtype in run_dtypes or dtypes:
             slowdown = base / profile.matmul_gflops.get(dtype, base)
@@ -222,9 +228,13 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
                     continue
                 strategy, cached = ROW_KINDS[name]
                 row_budget = size * budget_per_row if strategy == "token_budget" else None
-                runs.append(PlannedRun(suffix if cached else lengths, strategy, size, row_budget,
-                                       prefix_tokens=prefix_tokens if cached else 0, continuation=extra,
-                                       repeats=rounds, slowdown=slowdown))
+                rows_of = suffix if cached else lengths
+                runs.append(PlannedRun(rows_of, strategy, size, row_budget, prefix_tokens=prefix_tokens if cached else 0,
+                                       continuation=extra, repeats=rounds, slowdown=slowdown))
+                # its warm-up: one batch of the longest prompts (run_benchmark's _timed_rows)
+                warm = [length - (prefix_tokens if cached else 0) for length in longest[:min(size, 8)]]
+                runs.append(PlannedRun(warm, strategy, size, row_budget, prefix_tokens=prefix_tokens if cached else 0,
+                                       continuation=extra, slowdown=slowdown))
             total += estimate_runs(profile, runs)
         return total
 

@@ -74,7 +74,6 @@ def test_sizing_takes_the_largest_count_within_the_budget_with_floor_cap_and_ove
     assert n == 24 and "set explicitly" in why
 
 
-
 def test_a_lesson_fits_its_budget_with_fewer_rounds_then_fewer_tickets_and_says_so():
     cost = lambda n, repeats: n * repeats  # noqa: E731
     within = fit_to_budget(100, cost, floor=4, cap=600, minimum=2, repeats=3)
