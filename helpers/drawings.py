@@ -59,11 +59,12 @@ def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: s
 
 
 def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="tree_mask.png",
-                   title: str | None = None):
+                   title: str | None = None, labels=None):
     """One row's attention: which keys (columns) each query (rows: the last ``len(allowed)`` keys) may see.
 
     ``allowed``: (queries, keys) booleans; ``key_names``: a token per key. ``branch_of``: per key, the label branch
-    it belongs to (-1: the prompt), so each branch gets its own colour; masked cells are white."""
+    it belongs to (-1: the prompt), so each branch gets its own colour; masked cells are white. ``labels``: the
+    label set, so the legend names each branch's label (``branch_of`` then holds label indices)."""
     allowed = np.asarray(allowed, dtype=bool)
     queries, keys = allowed.shape
     branch_of = np.full(keys, -1) if branch_of is None else np.asarray(branch_of)
@@ -87,7 +88,8 @@ def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="
     ax.set_ylabel("queries")
     handles = [plt.Rectangle((0, 0), 1, 1, color=palette[-1])] + [plt.Rectangle((0, 0), 1, 1, color=palette[b])
                                                                    for b in branches]
-    names = ["prompt"] + [f"label branch {k + 1}" for k in range(len(branches))]
+    names = ["prompt"] + [f"{labels[b]!r}" if labels is not None else f"label branch {k + 1}"
+                          for k, b in enumerate(branches)]
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     if title is None:
         title = (f"A tree mask: {len(branches)} label branches each see the whole prompt and their own tokens, "

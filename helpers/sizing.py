@@ -145,8 +145,8 @@ def lesson_02(tokenizer, profile, info, budget_s: float, n: int | None = None, r
 
 
 def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, repeats: int = 3,
-              few_shot: int = 3, batch_size: int | None = None, batch_sizes=None, token_budget: int | None = None,
-              seed: int = 0) -> LessonSizing:
+              few_shot: int = 3, demo_shots: int = 6, batch_size: int | None = None, batch_sizes=None,
+              token_budget: int | None = None, seed: int = 0) -> LessonSizing:
     """Notebook 03: article tickets (at least 8, so every strategy runs at least 4 batches at batch 2; down to 4
     where 8 need more than 1.5x the budget); the batch size (a quarter of the tickets, 2-16), the sweep of section
     7 (those of 4, 8, 16, 32 that leave at least 4 batches) and the token budget (batch x the median prompt)."""
@@ -154,6 +154,7 @@ def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, r
     examples = few_shot_examples(few_shot)
     pool_lengths = [len(encode_prompt(tokenizer, build_prompt(tokenizer, text))) for text in pool]
     shot_prefix, pool_shot_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
+    demo_prefix, pool_demo_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=few_shot_examples(demo_shots))
     extra = continuation_tokens(LabelScorer(tokenizer, LABELS))
 
     def sizes_for(count):
@@ -166,9 +167,11 @@ def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, r
         batch, sweep, budget = sizes_for(count)
         zero, shot = pool_lengths[:count], pool_shot_lengths[:count]
         suffix = [length - shot_prefix for length in shot]
+        demo = pool_demo_lengths[:count]
+        demo_suffix = [length - demo_prefix for length in demo]
         runs = [PlannedRun(zero, continuation=extra, repeats=2),  # the loop, and the probes
                 PlannedRun(zero), PlannedRun(zero, "sorted", batch, repeats=2),  # by hand: loop; left, the helper
-                PlannedRun(shot), PlannedRun(shot, "sorted", batch),  # right padding: the few-shot loop, by hand
+                PlannedRun(demo), PlannedRun(demo, "sorted", batch),  # right padding: the few-shot loop, by hand
                 PlannedRun(zero, "arbitrary", batch, continuation=extra),
                 PlannedRun(zero, "sorted", batch, continuation=extra),
                 PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra),
@@ -178,8 +181,8 @@ def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, r
                 PlannedRun(zero, "sorted", batch, continuation=extra, repeats=1 + rounds),
                 PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra, repeats=1 + rounds),
                 # section 5's demo (few-shot loop and sorted batches on the cached prefix), section 7's references
-                PlannedRun(suffix, prefix_tokens=shot_prefix, continuation=extra),
-                PlannedRun(suffix, "sorted", batch, prefix_tokens=shot_prefix, continuation=extra),
+                PlannedRun(demo_suffix, prefix_tokens=demo_prefix, continuation=extra),
+                PlannedRun(demo_suffix, "sorted", batch, prefix_tokens=demo_prefix, continuation=extra),
                 PlannedRun(shot, continuation=extra), PlannedRun(suffix, prefix_tokens=shot_prefix, continuation=extra)]
         for size in sweep:
             runs += [PlannedRun(shot, "arbitrary", size, continuation=extra),
