@@ -249,12 +249,13 @@ def sweep_batch_sizes(device: torch.device | str, n: int | None = None) -> tuple
 
     ``n``: the tickets of the run. A batch larger than ``n`` would only repeat the batch of ``n``, so with fewer
     tickets than the largest size the sweep is 5 sizes from 2 to ``n`` (a slow machine still gets a curve); below
-    ``SWEEP_FLOOR`` tickets, the fewer sizes that fit."""
+    ``SWEEP_FLOOR`` tickets, every size from 2 to ``n``, 5 of them where more fit (6 or 7 tickets still give a
+    curve of 5 points), else the fewer that fit."""
     sizes = SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
     if n is None or n >= sizes[-1]:
         return sizes
-    fitting = [size for size in NICE_BATCH_SIZES if size <= n]
-    if n < SWEEP_FLOOR:
+    fitting = [size for size in NICE_BATCH_SIZES if size <= n] if n >= SWEEP_FLOOR else list(range(2, n + 1))
+    if len(fitting) < 5:
         return tuple(fitting) or (1,)
     return tuple(fitting[round(i * (len(fitting) - 1) / 4)] for i in range(5))
 

@@ -34,7 +34,9 @@ def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: s
     for k, step in enumerate(steps.itertuples()):
         left.text(step.input_tokens * 1.15, k, f"{step.input_tokens} token(s) in -> {step.token!r} "
                   f"(p = {step.probability:.2f})", va="center", fontsize=8)
-    left.text(scored * 1.15, len(steps), f"{scored} tokens in -> every label's probability", va="center", fontsize=8)
+    parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
+    left.text(scored * 1.15, len(steps), f"{scored} tokens{parts} in -> every label's probability", va="center",
+              fontsize=8)
     left.set_xscale("log")
     left.set_xlim(0.7, prompt * 60)
     left.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -99,8 +101,8 @@ def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="
 
 
 def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str | None = None):
-    """What a KV cache holds, step by step: one panel per snapshot, the keys of one layer and head as an image
-    (rows: token positions, columns: the head's dimensions), with a strip that says what each row is.
+    """What a KV cache holds, step by step: one panel per snapshot, the keys of one layer and key/value head as an
+    image (rows: token positions, columns: the head's dimensions), with a strip that says what each row is.
 
     ``snapshots``: (name, keys (positions x dims), kinds) with kinds per position: "reused" (computed once, the
     same numbers in every panel), "appended" (this ticket's, written by its forward) or "dropped" (cropped away)."""
@@ -123,7 +125,7 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
         counts = {kind: list(kinds).count(kind) for kind in colours if kind in kinds}
         ax.set_title(textwrap.fill(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()), 34),
                      fontsize=8)
-        ax.set_xlabel("key dimensions of one head")
+        ax.set_xlabel("dimensions of one key/value head")
         ax.set_xticks([])
     axes[0][0].set_ylabel("token position in the cache")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
@@ -132,6 +134,6 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
     if title is None:
         prefix = list(snapshots[0][2]).count("reused")
         title = (f"The cache holds the {prefix}-token prefix's keys once; each ticket appends its own and a crop "
-                 "drops them again (layer 0, head 0: the same numbers wherever the strip is blue)")
+                 "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)")
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, caption_text, path)

@@ -201,7 +201,8 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
               shots: int = 3, strategies=(), batch_sizes=None, others_at: int | None = 8, dtypes_named: bool = False,
               seed: int = 0) -> LessonSizing:
     """Notebook 04: article tickets for the benchmark (at least 8, for 5 batch sizes of the sweep, or the largest
-    size asked for; down to 4 tickets at sizes 2-4 where 8 need more than 1.5x the budget), its batch sizes, the
+    size asked for; where 8 need more than 1.5x the budget, fewer: 6 or 7 still sweep 5 sizes, down to 4 tickets at
+    sizes 2-4), its batch sizes, the
     dtypes (half precision is dropped before the curve is, unless ``dtypes_named``) and ``others_at`` clamped to
     the tickets."""
     examples = few_shot_examples(shots)

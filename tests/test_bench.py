@@ -228,8 +228,11 @@ def test_with_few_tickets_the_sweep_still_has_five_sizes_up_to_the_ticket_count(
     assert sizes[0] == 2 and list(sizes) == sorted(set(sizes)), sizes
     full = sweep_batch_sizes(device)
     assert sizes == full if n >= full[-1] else len(sizes) == 5 and n // 2 < sizes[-1] <= n, (n, sizes)
-    # Below the floor (an explicit small count): the sizes that fit, fewer than 5.
-    assert sweep_batch_sizes(device, SWEEP_FLOOR - 1) == (2, 3, 4, 6) and sweep_batch_sizes(device, 1) == (1,)
+    # Below the floor (a slow machine, an explicit small count): every size from 2, 5 of them while 6 or more tickets
+    # allow it, then the fewer that fit.
+    assert sweep_batch_sizes(device, SWEEP_FLOOR - 1) == (2, 3, 4, 6, 7)
+    assert sweep_batch_sizes(device, 6) == (2, 3, 4, 5, 6) and sweep_batch_sizes(device, 5) == (2, 3, 4, 5)
+    assert sweep_batch_sizes(device, 1) == (1,)
 
 
 def test_the_benchmark_records_the_predicted_knee_and_any_raised_roof(tiny_bench):

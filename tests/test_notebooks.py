@@ -85,6 +85,21 @@ def test_every_exercise_has_a_worked_solution(notebook):
     assert not any(cell.startswith(f"## Exercise {len(wanted) + 1}") for cell in cells), f"{solutions.name}: extra exercises"
 
 
+CORE_PATH_WORDS = 1500  # about 15 minutes of reading at 100-150 words a minute, code beside it
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_lesson_core_path_reads_in_about_15_minutes(notebook):
+    """The markdown up to the summary; exercises and *Going deeper* come after it."""
+    cells = markdown(notebook)
+    summary = [i for i, cell in enumerate(cells) if cell.startswith("## Summary")]
+    assert summary, f"{notebook.name}: no '## Summary' heading"
+    words = sum(len(cell.split()) for cell in cells[:summary[0]])
+    assert words <= CORE_PATH_WORDS, f"{notebook.name}: {words} words before its summary, over {CORE_PATH_WORDS}"
+    deeper = [i for i, cell in enumerate(cells) if cell.startswith("## Going deeper")]
+    assert all(i > summary[0] for i in deeper), f"{notebook.name}: 'Going deeper' before the summary"
+
+
 def your_turns(lesson: Path) -> list[str]:
     """The lesson's inline "**Your turn k.**" prompts, in order, whitespace collapsed."""
     cells = [cell for cell in markdown(lesson) if cell.startswith("**Your turn ")]
