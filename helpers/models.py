@@ -222,9 +222,8 @@ def convert_embedded(target: Path | None = None) -> Path:
     target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     if (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
-    try:
+
+    def write(tmp: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = model.config.to_dict()
@@ -232,13 +231,24 @@ def convert_embedded(target: Path | None = None) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"))
-        tmp.rename(target)  # atomic: an interrupted conversion never looks finished
+
+    _save_whole(target, write, "model.safetensors")
+    return target
+
+
+def _save_whole(target: Path, write, finished: str) -> None:
+    """``write`` a folder into a temporary sibling, then rename it to ``target``: an interrupted write never looks
+    finished, and where another process finished first (``target / finished`` exists), its copy stands."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-partial-"))
+    try:
+        write(tmp)
+        tmp.rename(target)
     except OSError:
-        if not (target / "model.safetensors").exists():
+        if not (target / finished).exists():
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 # --- name resolution ----------------------------------------------------------------------------
@@ -308,16 +318,7 @@ def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
         config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)  # the same random weights every time, so reruns compare
         built = AutoModelForCausalLM.from_config(config)
-        partial = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
-        try:
-            built.save_pretrained(partial)
-            partial.replace(saved)  # whole or not at all: an interrupted build leaves no half copy
-        except OSError:
-            if not (saved / "config.json").is_file():
-                raise
-            # another process saved it first: theirs are the same weights
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+        _save_whole(saved, built.save_pretrained, "config.json")  # another process's copy holds the same weights
         del built
     model = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype).to(device)
     return model, tokenizer
