@@ -260,13 +260,21 @@ def sweep_batch_sizes(device: torch.device | str, n: int | None = None) -> tuple
     return tuple(fitting[round(i * (len(fitting) - 1) / 4)] for i in range(5))
 
 
-def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: int | None = None) -> list[tuple[str, int]]:
+def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: int | None = None,
+              n: int | None = None) -> list[tuple[str, int]]:
     """(strategy, batch size) rows: loop-style strategies once at batch 1; the sweep's strategies at every batch
-    size; the other batched ones at every batch size too, or only at ``others_at`` when it is given."""
+    size; the other batched ones at every batch size too, or only at ``others_at`` when it is given.
+
+    With ``n``, the ticket count: arbitrary order at a batch size that holds all ``n`` tickets is left out where
+    sorted runs at such a size too (one batch of every ticket either way: the same work, timed twice).
+    """
     single = ("loop", "loop_prefix", "generate")
-    return ([(name, 1) for name in strategies if name in single]
+    rows = ([(name, 1) for name in strategies if name in single]
             + [(name, b) for name in strategies if name not in single
                for b in (batch_sizes if others_at is None or name in SWEEP_STRATEGIES else [others_at])])
+    if n is not None and any(name == "sorted" and b >= n for name, b in rows):
+        rows = [(name, b) for name, b in rows if not (name == "arbitrary" and b >= n)]
+    return rows
 
 
 def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress, desc):
@@ -338,7 +346,8 @@ def run_benchmark(
 
     ``batch_sizes=None``: the device's sweep (``sweep_batch_sizes``: 2 to 32 on a CPU, to 128 on a GPU; 5 sizes up to
     ``n`` where ``n`` is smaller).
-    ``others_at``: batched strategies outside ``SWEEP_STRATEGIES`` run only at this batch size (None: at every one).
+    ``others_at``: batched strategies outside ``SWEEP_STRATEGIES`` run only at this batch size (None: at every one);
+    arbitrary order at a size that holds every ticket is left out where sorted runs there too (``plan_rows``).
 
     ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
     has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
@@ -390,7 +399,7 @@ def run_benchmark(
         useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
-        plan = plan_rows(strategies, batch_sizes, others_at) if dtype in dtypes else []
+        plan = plan_rows(strategies, batch_sizes, others_at, n) if dtype in dtypes else []
         compiled_model = None
         if any(name in compile for name, _ in plan):
             compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]

@@ -58,7 +58,8 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
               n_probes: int | None = None, full_scale: bool = False, seed: int = 0) -> LessonSizing:
     """Notebook 01: tickets for the accuracy sections (at least 90: an accuracy needs them; 6, or down to 3, for a
     random-weight twin, whose accuracy means nothing), a thirtieth of them (3-24) for the generate-vs-score race,
-    a third of those (2-8) as probes for the checks."""
+    a third of those (2-8) as probes for the checks: 1 where the floor gave way (a large model or a slow machine;
+    each probe costs a dozen full forwards)."""
     pool = make_tickets(300 if not full_scale else 600, seed=seed, style="varied")["text"]
     # The prompt variants of sections 4-6, one pass each (the length-normalised scores reuse the few-shot pass).
     passes = [(shots, None) for shots in dict.fromkeys([*shot_counts, few_shot])] + [(few_shot, LABEL_DESCRIPTIONS)]
@@ -72,19 +73,21 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
     def generate_count(count):
         return n_generate or int(np.clip(count // 30, 3, 24))
 
+    floor, minimum = (90, None) if not info.timing_only else (6, 3)
+
     def probe_count(count):
-        return n_probes or int(np.clip(generate_count(count) // 3, 2, 8))
+        return n_probes or (1 if count < floor else int(np.clip(generate_count(count) // 3, 2, 8)))
 
     def seconds(count, rounds):
         g, p = generate_count(count), probe_count(count)
         few, zero = shapes[few_shot, False][1], shapes[0, False][1]
         # Sections 1-3, one ticket at a time: generate + parse (few-shot, zero-shot, the drawing and your turn 1),
-        # constrained and the shortcut, the race (a warm-up and the rounds); on the probes, Check 1 (a forward per
-        # label and the loop, twice: 8), Check 2 (2) and the tree-mask labels (4 slow, 1 fast).
+        # constrained and the shortcut, the race (its rounds: the sections before warmed it up); on the probes,
+        # Check 1 (a forward per label, the loop twice: 5), Check 2 (2) and the tree-mask labels (4 slow, 1 fast).
         runs = [PlannedRun(few[:g], new_tokens=5, repeats=2 + rounds), PlannedRun(zero[:g], new_tokens=5),
                 PlannedRun(few[:1], new_tokens=5, repeats=2),
-                PlannedRun(few[:g], continuation=extra, repeats=3 + rounds),
-                PlannedRun(few[:p], continuation=extra, repeats=15),
+                PlannedRun(few[:g], continuation=extra, repeats=2 + rounds),
+                PlannedRun(few[:p], continuation=extra, repeats=12),
                 # Going deeper: an extending label pair on 3 + g tickets, answer prefixes and whole answers, and
                 # the slow way on the probes (4 labels)
                 PlannedRun(few[:3 + g], continuation=extra + 1, repeats=2),
@@ -100,12 +103,12 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
         return estimate_runs(profile, runs)
 
     lines = []
-    floor, minimum = (90, None) if not info.timing_only else (6, 3)
     if info.timing_only:
         lines.append("random weights: the 90-ticket accuracy floor is skipped (accuracy is meaningless): the floor is "
                      "6 tickets")
     count, rounds, fit = _fit(budget_s, seconds, floor, len(pool), minimum, n, repeats,
-                              lambda c: f"{generate_count(c)} for the generate-vs-score race, {probe_count(c)} probes")
+                              lambda c: f"{generate_count(c)} for the generate-vs-score race, {probe_count(c)} "
+                                        f"probe{'s' if probe_count(c) > 1 else ''}")
     return LessonSizing(count, rounds, {"generate": generate_count(count), "probes": probe_count(count)}, lines + fit)
 
 
@@ -130,8 +133,8 @@ def lesson_02(tokenizer, profile, info, budget_s: float, n: int | None = None, r
                 PlannedRun(suffix, prefix_tokens=prefix, repeats=2),  # by hand: deepcopy and crop
                 PlannedRun(suffix[:2], prefix_tokens=prefix, repeats=3),  # the drawing, your turn 2, the storage
                 PlannedRun(suffix, prefix_tokens=prefix, continuation=extra),  # the package
-                PlannedRun(whole[:count], continuation=extra, repeats=1 + rounds),  # the race: no cache ...
-                PlannedRun(suffix, prefix_tokens=prefix, continuation=extra, repeats=1 + rounds)]  # ... and the cache
+                PlannedRun(whole[:count], continuation=extra, repeats=rounds),  # the race (warm): no cache ...
+                PlannedRun(suffix, prefix_tokens=prefix, continuation=extra, repeats=rounds)]  # ... and the cache
         for shots in shot_counts:
             prefix, whole = shapes[shots]
             m = scaling_count(count)
@@ -175,11 +178,11 @@ def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, r
                 PlannedRun(zero, "arbitrary", batch, continuation=extra),
                 PlannedRun(zero, "sorted", batch, continuation=extra),
                 PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra),
-                # the race: a warm-up and the rounds of the loop and the three batched strategies
-                PlannedRun(zero, continuation=extra, repeats=1 + rounds),
-                PlannedRun(zero, "arbitrary", batch, continuation=extra, repeats=1 + rounds),
-                PlannedRun(zero, "sorted", batch, continuation=extra, repeats=1 + rounds),
-                PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra, repeats=1 + rounds),
+                # the race: the rounds of the loop and the three batched strategies (warm: they ran above)
+                PlannedRun(zero, continuation=extra, repeats=rounds),
+                PlannedRun(zero, "arbitrary", batch, continuation=extra, repeats=rounds),
+                PlannedRun(zero, "sorted", batch, continuation=extra, repeats=rounds),
+                PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra, repeats=rounds),
                 # section 5's demo (few-shot loop and sorted batches on the cached prefix), section 7's references
                 PlannedRun(demo_suffix, prefix_tokens=demo_prefix, continuation=extra),
                 PlannedRun(demo_suffix, "sorted", batch, prefix_tokens=demo_prefix, continuation=extra),
@@ -204,7 +207,7 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
     size asked for; where 8 need more than 1.5x the budget, fewer: 6 or 7 still sweep 5 sizes, down to 4 tickets at
     sizes 2-4), its batch sizes, the
     dtypes (half precision is dropped before the curve is, unless ``dtypes_named``) and ``others_at`` clamped to
-    the tickets."""
+    the tickets (arbitrary order left out where one batch holds them all: ``plan_rows``)."""
     examples = few_shot_examples(shots)
     pool = make_tickets(600, seed=seed, style="article")["text"]
     prefix_tokens, pool_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
@@ -215,7 +218,7 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
         return list(batch_sizes or sweep_batch_sizes(info.device, count))
 
     def seconds(count, rounds, run_dtypes=None):
-        rows = plan_rows(strategies, sizes_for(count), others_at)  # (strategy, batch size), as run_benchmark runs them
+        rows = plan_rows(strategies, sizes_for(count), others_at, count)  # (strategy, batch size), as run_benchmark
         lengths = pool_lengths[:count]
         suffix = [length - prefix_tokens for length in lengths]
         budget_per_row = int(np.median(lengths))
@@ -259,16 +262,22 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
 
     def plan_line(count):
         line = f"dtypes {', '.join(dtypes)}; {', '.join(SWEEP_STRATEGIES)} at batch sizes {sizes_for(count)}"
-        if others:
-            line += f"; {', '.join(others)} at " + (str(min(others_at, count)) if others_at is not None else "every one")
+        run = [name for name in others if name in dict(plan_rows(strategies, sizes_for(count), others_at, count))]
+        if run:
+            line += f"; {', '.join(run)} at " + (str(min(others_at, count)) if others_at is not None else "every one")
         return line
 
     count, rounds, fit = _fit(budget_s, lambda c, r: seconds(c, r, dtypes), floor, len(pool),
                               None if batch_sizes else 4, n, repeats, plan_line)
     lines += fit
     sizes = sizes_for(count)
+    run_others = [name for name in others if name in dict(plan_rows(strategies, sizes, others_at, count))]
+    if "arbitrary" in others and "arbitrary" not in run_others:
+        lines.append(f"arbitrary order skipped: one batch of {count} holds every ticket, the same batch as sorted's at "
+                     f"{count}")
     if others_at is not None and others_at > count:
-        lines.append(f"OTHERS_AT {others_at} -> {count}: a batch cannot hold more than the {count} tickets")
+        if run_others:
+            lines.append(f"OTHERS_AT {others_at} -> {count}: a batch cannot hold more than the {count} tickets")
         others_at = count
     if rounds < 2:
         lines.append(f"{rounds} repeat per row: no point gets a spread, so no sentence below ranks two rows "

@@ -214,6 +214,10 @@ def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
                     ("sorted_prefix", 2), ("sorted_prefix", 4), ("sorted_prefix", 8)]
     assert {name for name, _ in plan} >= set(SWEEP_STRATEGIES)
     assert plan_rows(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
+    # 4 tickets: arbitrary order at 4 or 8 makes sorted's one batch at 4; at 2 it does not
+    assert plan_rows(["arbitrary", "sorted"], [2, 4], n=4) == [("arbitrary", 2), ("sorted", 2), ("sorted", 4)]
+    assert ("arbitrary", 8) not in plan_rows(["arbitrary", "sorted"], [2, 4], others_at=8, n=4)
+    assert plan_rows(["arbitrary"], [2, 4], n=4) == [("arbitrary", 2), ("arbitrary", 4)], "no sorted row: kept"
     with pytest.raises(ValueError, match="others_at must be >= 1"):
         run_benchmark("twin:tiny-qwen2", n=4, batch_sizes=[2], others_at=0, progress=False)
 

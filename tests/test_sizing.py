@@ -24,6 +24,7 @@ def test_lesson_01_keeps_its_accuracy_floor_and_a_twin_gives_way_to_its_minimum(
     assert (real["generate"], real["probes"]) == (3, 2)
     twin = lesson_01(tokenizer, profile, TWIN, budget_s=1)
     assert twin.n == 3 and "below this lesson's floor of 6" in str(twin) and "random weights" in str(twin)
+    assert twin["probes"] == 1 and "1 probe" in str(twin), "below the floor, the checks run on one probe"
     roomy = lesson_01(tokenizer, profile, REAL, budget_s=10_000)
     assert roomy.n > 90 and roomy.repeats == 3 and len(roomy.lines) == 1, str(roomy)
     assert f"{roomy['generate']} for the generate-vs-score race" in str(roomy)
@@ -50,7 +51,9 @@ def test_lesson_04_drops_half_precision_then_shrinks_the_sweep_and_clamps_others
     tight = lesson_04(tokenizer, profile, REAL, 0.1, ["float32", "bfloat16"], strategies=strategies)
     assert tight["dtypes"] == ["float32"] and tight["skipped"] and "bfloat16 skipped" in str(tight)
     assert tight.n == 4 and tight["batch_sizes"] == [2, 3, 4] and tight["others_at"] == 4
-    assert "OTHERS_AT 8 -> 4" in str(tight)
+    assert "arbitrary order skipped: one batch of 4" in str(tight) and "arbitrary at" not in str(tight), str(tight)
+    budget = lesson_04(tokenizer, profile, REAL, 0.1, ["float32"], strategies=[*strategies, "token_budget"])
+    assert "OTHERS_AT 8 -> 4" in str(budget) and "token_budget at 4" in str(budget), "token budgets still run at 4"
     named = lesson_04(tokenizer, profile, REAL, 0.1, ["float32", "bfloat16"], strategies=strategies, dtypes_named=True,
                       batch_sizes=[2, 4], others_at=2)
     assert named["dtypes"] == ["float32", "bfloat16"] and named.n == 4, "named dtypes and sizes never give way"
