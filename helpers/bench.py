@@ -278,18 +278,26 @@ def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: 
 
 
 def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress, desc):
-    """Warm up every config, then time them all ``repeats`` times in alternating order.
+    """Warm up, then time every config ``repeats`` times in alternating order.
 
-    ``configs``: key -> (model, ``score_batched`` options, compiled). An eager config warms up on one batch of
-    the longest prompts (first calls allocate and pick kernels); a compiled one on a full pass, which is when
-    torch.compile builds its kernels for the shapes the run meets. Returns, per config, its runs'
-    ``LabelScores``, the peak memory over its runs and its warm-up seconds.
+    ``configs``: key -> (model, ``score_batched`` options, compiled). Eager configs warm up once per code path
+    (model, strategy, prefix or not), on one batch of the longest prompts at the path's largest batch size (up to 8):
+    first calls allocate and pick kernels, and the largest batch allocates the most. A compiled config warms up on
+    a full pass of its own, which is when torch.compile builds its kernels for the shapes the run meets. Returns,
+    per config, its runs' ``LabelScores``, the peak memory over its runs and its warm-up seconds (0 for an eager
+    config whose path another config warmed up).
     """
     runs = {key: [] for key in configs}
     memory = dict.fromkeys(configs, 0.0)
-    warmup = {}
+    warmup = dict.fromkeys(configs, 0.0)
     longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])  # in tokens
+    paths = {}  # code path -> the config that warms it up: its largest batch size
     for key, (model, options, compiled) in configs.items():
+        path = key if compiled else (id(model), options["strategy"], options["prefix"] is not None)
+        if path not in paths or options["batch_size"] > configs[paths[path]][1]["batch_size"]:
+            paths[path] = key
+    for key in paths.values():
+        model, options, compiled = configs[key]
         subset = prompts if compiled else [prompts[i] for i in longest[: min(options["batch_size"], 8)]]
         with Stopwatch(model.device) as clock:
             score_batched(model, tokenizer, scorer, subset, **options)
@@ -356,7 +364,8 @@ def run_benchmark(
     the roof is the profile's matmul throughput in the row's dtype. ``attention`` goes to ``load_model``.
     ``compile``: strategies that also get a row run through ``torch.compile`` (``compiled`` column; the float32
     reference loop stays eager). Its ``warmup_s`` includes the compiling, so a reader can weigh it against the
-    seconds it saves per run.
+    seconds it saves per run. Eager rows warm up once per strategy, at its largest batch size: ``warmup_s`` is 0 on
+    the others.
     """
     if batch_sizes is None:
         batch_sizes = sweep_batch_sizes(pick_device(device), n)

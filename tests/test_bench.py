@@ -56,20 +56,26 @@ def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
     assert (bfloat16["max_abs_diff"] > 1e-4).all(), "bfloat16 scores identical to float32: not run in bfloat16?"
 
 
-def test_repeats_run_the_rows_in_alternating_order(monkeypatch):
-    timed = []
+def test_repeats_run_the_rows_in_alternating_order_after_one_warm_up_per_strategy(monkeypatch):
+    timed, warm = [], []
     real = bench.score_batched
 
     def recording(model, tokenizer, scorer, prompts, **options):
         if len(prompts) == 6:  # a timed run over every ticket (warm-ups use fewer)
             timed.append((options["strategy"], options["batch_size"]))
+        else:
+            warm.append((options["strategy"], options["batch_size"], len(prompts)))
         return real(model, tokenizer, scorer, prompts, **options)
 
     monkeypatch.setattr(bench, "score_batched", recording)
-    run_benchmark("twin:tiny-qwen2", n=6, shots=1, batch_sizes=[2], strategies=["loop", "sorted"], dtypes=["float32"],
-                  repeats=3, progress=False)
-    forwards = [("loop", 1), ("sorted", 2)]
+    frame = run_benchmark("twin:tiny-qwen2", n=6, shots=1, batch_sizes=[2, 4], strategies=["loop", "sorted"],
+                          dtypes=["float32"], repeats=3, progress=False)
+    forwards = [("loop", 1), ("sorted", 2), ("sorted", 4)]
     assert timed == forwards + forwards[::-1] + forwards
+    # sorted warms up once, at its largest batch size: one batch of the 4 longest prompts
+    assert warm == [("loop", 1, 1), ("sorted", 4, 4)], warm
+    sorted_warmup = frame[frame["strategy"] == "sorted"].set_index("batch_size")["warmup_s"]
+    assert sorted_warmup[2] == 0 < sorted_warmup[4], "batch 2 shares batch 4's warm-up"
 
 
 def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):
