@@ -1,7 +1,7 @@
 """Benchmarks: every technique, batch size and dtype in one run, checked against the float32 loop (notebook 04).
 
-Each row of the result is one (strategy, batch size, dtype). Every row is warmed up once, then timed
-``repeats`` times; the repeats run the rows in alternating order (forwards, backwards, ...), so a machine
+Each row of the result is one (strategy, batch size, dtype). Each strategy is warmed up once (on a GPU each
+row), then every row is timed ``repeats`` times; the repeats run the rows in alternating order (forwards, backwards, ...), so a machine
 that drifts (heat, a neighbour) spreads over all rows instead of favouring the first. A row reports the
 median, min and max items/s over its repeats (whole pipeline: tokenizing and forward passes), how much of
 that was tokenizing, padding, agreement with the float32 one-at-a-time loop, peak memory, and the share of
@@ -280,20 +280,22 @@ def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: 
 def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress, desc):
     """Warm up, then time every config ``repeats`` times in alternating order.
 
-    ``configs``: key -> (model, ``score_batched`` options, compiled). Eager configs warm up once per code path
-    (model, strategy, prefix or not), on one batch of the longest prompts at the path's largest batch size (up to 8):
-    first calls allocate and pick kernels, and the largest batch allocates the most. A compiled config warms up on
-    a full pass of its own, which is when torch.compile builds its kernels for the shapes the run meets. Returns,
-    per config, its runs' ``LabelScores``, the peak memory over its runs and its warm-up seconds (0 for an eager
-    config whose path another config warmed up).
+    ``configs``: key -> (model, ``score_batched`` options, compiled). On a CPU, eager configs warm up once per code
+    path (model, strategy, prefix or not), on one batch of the longest prompts at the path's largest batch size (up
+    to 8): first calls allocate, and the largest batch allocates the most. On a GPU, where a warm-up is cheap, every
+    config warms up (kernels are picked per shape). A compiled config warms up on a full pass of its own, which is
+    when torch.compile builds its kernels for the shapes the run meets. Returns, per config, its runs'
+    ``LabelScores``, the peak memory over its runs and its warm-up seconds (NaN for an eager config whose path
+    another config warmed up).
     """
     runs = {key: [] for key in configs}
     memory = dict.fromkeys(configs, 0.0)
-    warmup = dict.fromkeys(configs, 0.0)
+    warmup = dict.fromkeys(configs, float("nan"))
     longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])  # in tokens
     paths = {}  # code path -> the config that warms it up: its largest batch size
     for key, (model, options, compiled) in configs.items():
-        path = key if compiled else (id(model), options["strategy"], options["prefix"] is not None)
+        own = compiled or model.device.type != "cpu"
+        path = key if own else (id(model), options["strategy"], options["prefix"] is not None)
         if path not in paths or options["batch_size"] > configs[paths[path]][1]["batch_size"]:
             paths[path] = key
     for key in paths.values():
@@ -364,8 +366,8 @@ def run_benchmark(
     the roof is the profile's matmul throughput in the row's dtype. ``attention`` goes to ``load_model``.
     ``compile``: strategies that also get a row run through ``torch.compile`` (``compiled`` column; the float32
     reference loop stays eager). Its ``warmup_s`` includes the compiling, so a reader can weigh it against the
-    seconds it saves per run. Eager rows warm up once per strategy, at its largest batch size: ``warmup_s`` is 0 on
-    the others.
+    seconds it saves per run. On a CPU, eager rows warm up once per strategy, at its largest batch size: ``warmup_s``
+    is NaN on the others.
     """
     if batch_sizes is None:
         batch_sizes = sweep_batch_sizes(pick_device(device), n)
@@ -488,6 +490,9 @@ def run_benchmark(
     frame.attrs["skipped_dtypes"] = skipped
     # dtype -> (the profile's roof, the raised roof) in GFLOP/s, where a row's kernels ran faster than the profile's.
     frame.attrs["roof_raised"] = raised
+    # (strategy, batch size) rows plan_rows left out: arbitrary order where one batch holds every ticket
+    frame.attrs["left_out"] = [row for row in plan_rows(strategies, batch_sizes, others_at)
+                               if row not in plan_rows(strategies, batch_sizes, others_at, n)]
     frame.attrs["predicted_knee"] = knees  # strategy -> batch size (rows) where the curve should flatten
     return frame
 

@@ -353,7 +353,7 @@ def size_to_budget(
     return low, reason + (f" (capped at {cap})" if low == cap else "")
 
 
-STRETCH = 1.5  # a lesson keeps its floor up to this many times its budget; beyond that it shrinks towards its minimum
+STRETCH = 1.5  # a lesson keeps its floor up to this many times its budget; beyond, it shrinks to fit the budget
 
 
 @dataclass
@@ -385,7 +385,7 @@ def fit_to_budget(
     count wins. Otherwise, where even ``floor`` is over the budget, the timed rounds drop to 2 (the fewest that give
     a spread); the count is the largest in [floor, cap] within the budget (``size_to_budget``), or the floor while
     it needs at most ``STRETCH`` times the budget. A floor beyond that (a large model, a slow machine) gives way:
-    the largest count in [minimum, floor) within ``STRETCH`` times the budget, at least ``minimum`` (None: the floor
+    the largest count in [minimum, floor) within the budget, at least ``minimum`` (None: the floor
     never gives way, e.g. an accuracy that needs its tickets).
     """
     lines: list[str] = []
@@ -397,7 +397,7 @@ def fit_to_budget(
     if explicit is not None or cost(floor) <= STRETCH * budget_s or minimum is None or minimum >= floor:
         n, why = size_to_budget(budget_s, cost, floor=floor, cap=cap, explicit=explicit, what=what)
         return Sizing(n, repeats, [*lines, why])
-    n = next((n for n in range(floor - 1, minimum - 1, -1) if cost(n) <= STRETCH * budget_s), minimum)
+    n = next((n for n in range(floor - 1, minimum - 1, -1) if cost(n) <= budget_s), minimum)
     lines.append(f"{n} {what}, below this lesson's floor of {floor}: {floor} need an estimated {cost(floor):.0f} s here, "
                  f"over {STRETCH:g}x the {budget_s:.0f} s budget (a large model or a slow machine); {n} need about "
                  f"{cost(n):.0f} s. N_TICKETS = {floor} runs every section at its intended size")

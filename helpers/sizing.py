@@ -76,7 +76,8 @@ def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, r
     floor, minimum = (90, None) if not info.timing_only else (6, 3)
 
     def probe_count(count):
-        return n_probes or (1 if count < floor else int(np.clip(generate_count(count) // 3, 2, 8)))
+        gave_way = n is None and count < floor  # not where N_TICKETS was set by hand
+        return n_probes or (1 if gave_way else int(np.clip(generate_count(count) // 3, 2, 8)))
 
     def seconds(count, rounds):
         g, p = generate_count(count), probe_count(count)
@@ -204,10 +205,10 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
               shots: int = 3, strategies=(), batch_sizes=None, others_at: int | None = 8, dtypes_named: bool = False,
               seed: int = 0) -> LessonSizing:
     """Notebook 04: article tickets for the benchmark (at least 8, for 5 batch sizes of the sweep, or the largest
-    size asked for; where 8 need more than 1.5x the budget, fewer: 6 or 7 still sweep 5 sizes, down to 4 tickets at
-    sizes 2-4), its batch sizes, the
-    dtypes (half precision is dropped before the curve is, unless ``dtypes_named``) and ``others_at`` clamped to
-    the tickets (arbitrary order left out where one batch holds them all: ``plan_rows``)."""
+    size asked for; where 8 need more than 1.5x the budget, as many as fit it: 6 or 7 still sweep 5 sizes, down to
+    4 tickets at sizes 2-4), its batch sizes, the dtypes (half precision is dropped before the curve is, unless
+    ``dtypes_named``) and ``others_at`` clamped to the tickets (arbitrary order left out where one batch holds them
+    all: ``plan_rows``)."""
     examples = few_shot_examples(shots)
     pool = make_tickets(600, seed=seed, style="article")["text"]
     prefix_tokens, pool_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
@@ -229,7 +230,8 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
             runs = []
             if dtype == "float32" and ("loop", 1) not in rows:  # the reference every row is checked against
                 runs.append(PlannedRun(lengths, continuation=extra, repeats=rounds))
-            warmed = set()  # run_benchmark's _timed_rows warms up each code path once, at its largest batch size
+            # run_benchmark's _timed_rows warms up each code path once, at its largest batch size (a GPU: every row)
+            warmed, every_row = set(), info.device != "cpu"
             for name, size in sorted(rows, key=lambda row: -row[1]):
                 if name == "generate":
                     runs += [PlannedRun(lengths, new_tokens=5)] if dtype == "float32" else []
@@ -239,7 +241,7 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
                 rows_of = suffix if cached else lengths
                 runs.append(PlannedRun(rows_of, strategy, size, row_budget, prefix_tokens=prefix_tokens if cached else 0,
                                        continuation=extra, repeats=rounds, slowdown=slowdown))
-                if (strategy, cached) not in warmed:  # the warm-up: one batch of the longest prompts
+                if every_row or (strategy, cached) not in warmed:  # the warm-up: one batch of the longest prompts
                     warmed.add((strategy, cached))
                     warm = [length - (prefix_tokens if cached else 0) for length in longest[:min(size, 8)]]
                     runs.append(PlannedRun(warm, strategy, size, row_budget,
@@ -265,9 +267,11 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
 
     def plan_line(count):
         line = f"dtypes {', '.join(dtypes)}; {', '.join(SWEEP_STRATEGIES)} at batch sizes {sizes_for(count)}"
-        run = [name for name in others if name in dict(plan_rows(strategies, sizes_for(count), others_at, count))]
-        if run:
-            line += f"; {', '.join(run)} at " + (str(min(others_at, count)) if others_at is not None else "every one")
+        rows = plan_rows(strategies, sizes_for(count), others_at, count)
+        for name in others:
+            at = [str(size) for size in sorted({min(size, count) for row, size in rows if row == name})]  # clamped
+            if at:
+                line += f"; {name} at {', '.join(at)}"
         return line
 
     count, rounds, fit = _fit(budget_s, lambda c, r: seconds(c, r, dtypes), floor, len(pool),
@@ -276,8 +280,8 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
     sizes = sizes_for(count)
     run_others = [name for name in others if name in dict(plan_rows(strategies, sizes, others_at, count))]
     if "arbitrary" in others and "arbitrary" not in run_others:
-        lines.append(f"arbitrary order skipped: one batch of {count} holds every ticket, the same batch as sorted's at "
-                     f"{count}")
+        lines.append(f"arbitrary order left out where a batch holds all {count} tickets: the same work as sorted's "
+                     "one batch")
     if others_at is not None and others_at > count:
         if run_others:
             lines.append(f"OTHERS_AT {others_at} -> {count}: a batch cannot hold more than the {count} tickets")

@@ -75,7 +75,17 @@ def test_repeats_run_the_rows_in_alternating_order_after_one_warm_up_per_strateg
     # sorted warms up once, at its largest batch size: one batch of the 4 longest prompts
     assert warm == [("loop", 1, 1), ("sorted", 4, 4)], warm
     sorted_warmup = frame[frame["strategy"] == "sorted"].set_index("batch_size")["warmup_s"]
-    assert sorted_warmup[2] == 0 < sorted_warmup[4], "batch 2 shares batch 4's warm-up"
+    assert np.isnan(sorted_warmup[2]) and sorted_warmup[4] > 0, "on a CPU, batch 2 shares batch 4's warm-up"
+
+
+def test_arbitrary_order_is_left_out_where_one_batch_holds_every_ticket():
+    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2, 4], strategies=["loop", "arbitrary", "sorted"],
+                          others_at=8, dtypes=["float32"], repeats=1, progress=False)
+    assert sorted(zip(frame["strategy"], frame["batch_size"])) == [("loop", 1), ("sorted", 2), ("sorted", 4)]
+    assert frame.attrs["left_out"] == [("arbitrary", 8)], "and the frame says so"
+    kept = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2, 4], strategies=["loop", "arbitrary", "sorted"],
+                         others_at=2, dtypes=["float32"], repeats=1, progress=False)
+    assert ("arbitrary", 2) in set(zip(kept["strategy"], kept["batch_size"])), "two batches of 2: a different plan"
 
 
 def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):

@@ -81,11 +81,11 @@ def test_a_lesson_fits_its_budget_with_fewer_rounds_then_fewer_tickets_and_says_
     # The floor with 3 rounds (24 s) is over the 20 s budget: 2 rounds; 16 s then fit, and the count grows to 10.
     rounds = fit_to_budget(20, cost, floor=8, cap=600, minimum=2, repeats=3)
     assert (rounds.n, rounds.repeats) == (10, 2) and "2 timed rounds instead of 3" in rounds.lines[0]
-    # Within 1.5x the budget the floor is kept (and said to be over); beyond, the count gives way towards the minimum.
+    # Within 1.5x the budget the floor is kept (and said to be over); beyond, the count gives way to fit the budget.
     kept = fit_to_budget(12, cost, floor=8, cap=600, minimum=2, repeats=2)
     assert kept.n == 8 and "over the 12 s budget" in str(kept)
     shrunk = fit_to_budget(6, cost, floor=8, cap=600, minimum=2, repeats=2)
-    assert shrunk.n == 4 and "below this lesson's floor of 8" in str(shrunk) and "N_TICKETS = 8" in str(shrunk)
+    assert shrunk.n == 3 and "below this lesson's floor of 8" in str(shrunk) and "N_TICKETS = 8" in str(shrunk)
     assert fit_to_budget(1, cost, floor=8, cap=600, minimum=3, repeats=2).n == 3  # never below the minimum
     assert fit_to_budget(6, cost, floor=8, cap=600, repeats=2).n == 8  # no minimum: the floor never gives way
     explicit = fit_to_budget(1, cost, floor=8, cap=600, minimum=2, explicit=50, repeats=3)
