@@ -1,11 +1,11 @@
 """Benchmarks: every technique, batch size and dtype in one run, checked against the float32 loop (notebook 04).
 
 Each row of the result is one (strategy, batch size, dtype). Each strategy is warmed up once (on a GPU each
-row), then every row is timed ``repeats`` times; the repeats run the rows in alternating order (forwards, backwards, ...), so a machine
-that drifts (heat, a neighbour) spreads over all rows instead of favouring the first. A row reports the
-median, min and max items/s over its repeats (whole pipeline: tokenizing and forward passes), how much of
-that was tokenizing, padding, agreement with the float32 one-at-a-time loop, peak memory, and the share of
-the machine's measured matmul throughput ("roof") that went into useful work.
+row), then every row is timed ``repeats`` times; the repeats run the rows in alternating order (forwards,
+backwards, ...), so a machine that drifts (heat, a neighbour) spreads over all rows instead of favouring the
+first. A row reports the median, min and max items/s over its repeats (whole pipeline: tokenizing and forward
+passes), how much of that was tokenizing, padding, agreement with the float32 one-at-a-time loop, peak memory,
+and the share of the machine's measured matmul throughput ("roof") that went into useful work.
 
 **Useful work** is what the one-at-a-time loop must compute for a ticket beyond the cached prefix, counted
 in multiply-adds x 2, per ticket with s own tokens and c label-continuation tokens:
