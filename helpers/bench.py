@@ -277,29 +277,37 @@ def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: 
     return rows
 
 
+def warm_up_rows(rows: Sequence[tuple[str, int]], every_row: bool = False) -> set[tuple[str, int]]:
+    """The (strategy, batch size) rows that get a warm-up: each strategy's largest batch size (the largest batch
+    allocates the most), or every row where ``every_row`` (a GPU, which picks kernels per shape)."""
+    if every_row:
+        return set(rows)
+    largest: dict[str, int] = {}
+    for name, size in rows:
+        largest[name] = max(size, largest.get(name, size))
+    return set(largest.items())
+
+
 def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress, desc):
     """Warm up, then time every config ``repeats`` times in alternating order.
 
-    ``configs``: key -> (model, ``score_batched`` options, compiled). On a CPU, eager configs warm up once per code
-    path (model, strategy, prefix or not), on one batch of the longest prompts at the path's largest batch size (up
-    to 8): first calls allocate, and the largest batch allocates the most. On a GPU, where a warm-up is cheap, every
-    config warms up (kernels are picked per shape). A compiled config warms up on a full pass of its own, which is
-    when torch.compile builds its kernels for the shapes the run meets. Returns, per config, its runs'
-    ``LabelScores``, the peak memory over its runs and its warm-up seconds (NaN for an eager config whose path
-    another config warmed up).
+    ``configs``: (strategy name, batch size, compiled) -> (model, ``score_batched`` options, compiled). Eager
+    configs warm up as ``warm_up_rows`` says (every row on a GPU, where a warm-up is cheap), on one batch of the
+    longest prompts (up to 8): first calls allocate and pick kernels. A compiled config warms up on a full pass of
+    its own, which is when torch.compile builds its kernels for the shapes the run meets. Returns, per config, its
+    runs' ``LabelScores``, the peak memory over its runs and its warm-up seconds (NaN for an eager config whose
+    strategy another config warmed up).
     """
     runs = {key: [] for key in configs}
     memory = dict.fromkeys(configs, 0.0)
     warmup = dict.fromkeys(configs, float("nan"))
     longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])  # in tokens
-    paths = {}  # code path -> the config that warms it up: its largest batch size
+    eager = [key[:2] for key, (_, _, compiled) in configs.items() if not compiled]
+    on_gpu = any(model.device.type != "cpu" for model, _, _ in configs.values())
+    warmed = warm_up_rows(eager, every_row=on_gpu)
     for key, (model, options, compiled) in configs.items():
-        own = compiled or model.device.type != "cpu"
-        path = key if own else (id(model), options["strategy"], options["prefix"] is not None)
-        if path not in paths or options["batch_size"] > configs[paths[path]][1]["batch_size"]:
-            paths[path] = key
-    for key in paths.values():
-        model, options, compiled = configs[key]
+        if not compiled and key[:2] not in warmed:
+            continue
         subset = prompts if compiled else [prompts[i] for i in longest[: min(options["batch_size"], 8)]]
         with Stopwatch(model.device) as clock:
             score_batched(model, tokenizer, scorer, subset, **options)
@@ -390,6 +398,7 @@ def run_benchmark(
     raised: dict[str, tuple[float, float]] = {}
     reference: LabelScores | None = None
     loop_rate = None
+    planned = plan_rows(strategies, batch_sizes, others_at, n)
     # float32 first: its loop is the reference every other row is compared with.
     ordered = sorted(dict.fromkeys(dtypes), key=lambda d: d != "float32")
     if "float32" not in ordered:
@@ -410,7 +419,7 @@ def run_benchmark(
         useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
         measured_roof = profile.matmul_gflops.get(dtype)
         roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
-        plan = plan_rows(strategies, batch_sizes, others_at, n) if dtype in dtypes else []
+        plan = planned if dtype in dtypes else []
         compiled_model = None
         if any(name in compile for name, _ in plan):
             compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]
@@ -491,8 +500,7 @@ def run_benchmark(
     # dtype -> (the profile's roof, the raised roof) in GFLOP/s, where a row's kernels ran faster than the profile's.
     frame.attrs["roof_raised"] = raised
     # (strategy, batch size) rows plan_rows left out: arbitrary order where one batch holds every ticket
-    frame.attrs["left_out"] = [row for row in plan_rows(strategies, batch_sizes, others_at)
-                               if row not in plan_rows(strategies, batch_sizes, others_at, n)]
+    frame.attrs["left_out"] = [row for row in plan_rows(strategies, batch_sizes, others_at) if row not in planned]
     frame.attrs["predicted_knee"] = knees  # strategy -> batch size (rows) where the curve should flatten
     return frame
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bench import STRATEGIES as ROW_KINDS
-from .bench import SWEEP_FLOOR, SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes
+from .bench import SWEEP_FLOOR, SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes, warm_up_rows
 from .data import LABEL_DESCRIPTIONS, LABELS, build_prompt, encode_prompt, encode_prompts, few_shot_examples, make_tickets
 from .prefix_cache import find_prefix_text
 from .profile import PlannedRun, continuation_tokens, estimate_runs, fit_to_budget
@@ -230,9 +230,8 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
             runs = []
             if dtype == "float32" and ("loop", 1) not in rows:  # the reference every row is checked against
                 runs.append(PlannedRun(lengths, continuation=extra, repeats=rounds))
-            # run_benchmark's _timed_rows warms up each code path once, at its largest batch size (a GPU: every row)
-            warmed, every_row = set(), info.device != "cpu"
-            for name, size in sorted(rows, key=lambda row: -row[1]):
+            warmed = warm_up_rows(rows, every_row=info.device != "cpu")  # as run_benchmark's _timed_rows
+            for name, size in rows:
                 if name == "generate":
                     runs += [PlannedRun(lengths, new_tokens=5)] if dtype == "float32" else []
                     continue
@@ -241,8 +240,7 @@ def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: i
                 rows_of = suffix if cached else lengths
                 runs.append(PlannedRun(rows_of, strategy, size, row_budget, prefix_tokens=prefix_tokens if cached else 0,
                                        continuation=extra, repeats=rounds, slowdown=slowdown))
-                if every_row or (strategy, cached) not in warmed:  # the warm-up: one batch of the longest prompts
-                    warmed.add((strategy, cached))
+                if (name, size) in warmed:  # the warm-up: one batch of the longest prompts
                     warm = [length - (prefix_tokens if cached else 0) for length in longest[:min(size, 8)]]
                     runs.append(PlannedRun(warm, strategy, size, row_budget,
                                            prefix_tokens=prefix_tokens if cached else 0, continuation=extra,

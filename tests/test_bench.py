@@ -234,6 +234,9 @@ def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
     assert plan_rows(["arbitrary", "sorted"], [2, 4], n=4) == [("arbitrary", 2), ("sorted", 2), ("sorted", 4)]
     assert ("arbitrary", 8) not in plan_rows(["arbitrary", "sorted"], [2, 4], others_at=8, n=4)
     assert plan_rows(["arbitrary"], [2, 4], n=4) == [("arbitrary", 2), ("arbitrary", 4)], "no sorted row: kept"
+    # warm-ups: each strategy's largest batch size, or every row (a GPU)
+    assert bench.warm_up_rows(plan) == {("loop", 1), ("arbitrary", 4), ("sorted", 8), ("sorted_prefix", 8)}
+    assert bench.warm_up_rows(plan, every_row=True) == set(plan)
     with pytest.raises(ValueError, match="others_at must be >= 1"):
         run_benchmark("twin:tiny-qwen2", n=4, batch_sizes=[2], others_at=0, progress=False)
 
