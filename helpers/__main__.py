@@ -30,17 +30,22 @@ def add_bench_parser(commands) -> None:
         SWEEP_STRATEGIES,
     )
     from .models import DEVICES
+    from .sweep import MIN_TICKETS, POOL
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
     bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
-    bench.add_argument("--n", type=int, default=64, help="tickets (default 64: two batches at the sweep's largest CPU size; "
-                       "the reference uses 600)")
+    bench.add_argument("--n", type=int, default=POOL, help=f"tickets in the plan every row is drawn from (default {POOL}, "
+                       "the article's)")
+    bench.add_argument("--per-point", type=lambda text: None if text == "all" else int(text), default=MIN_TICKETS,
+                       help=f"tickets each row times at least, in whole batches (at least 2) drawn from the plan; 'all': "
+                            f"every batch of it (default {MIN_TICKETS})")
     bench.add_argument("--style", default="article", choices=["article", "varied"])
     bench.add_argument("--shots", type=int, default=6, help="few-shot examples in the prompt (default 6)")
     bench.add_argument("--strategies", type=_csv_list(str), default=list(DEFAULT_STRATEGIES),
                        help=f"comma-separated, from {','.join((*STRATEGIES, *EXTRA_STRATEGIES))}")
     bench.add_argument("--batch-sizes", type=_csv_list(int), default=DEFAULT_BATCH_SIZES,
-                       help="e.g. 1,2,4,8,16,32,64 (default: 2-32 on a CPU, 2-128 on a GPU)")
+                       help="e.g. 1,2,4,8,16,32,64; batch 1 of a swept strategy is its loop (default: 1-32 on a CPU, "
+                            "1-256 on a GPU)")
     bench.add_argument("--others-at", type=lambda text: None if text == "all" else int(text), default=DEFAULT_OTHERS_AT,
                        help=f"the batch size of the strategies outside the sweep ({', '.join(SWEEP_STRATEGIES)}); "
                             f"'all': every batch size (default {DEFAULT_OTHERS_AT})")
@@ -64,21 +69,27 @@ def run_bench(args) -> int:
     from .bench import run_benchmark
 
     frame = run_benchmark(
-        args.model, n=args.n, style=args.style, shots=args.shots, strategies=args.strategies,
+        args.model, pool=args.n, style=args.style, shots=args.shots, strategies=args.strategies,
         batch_sizes=args.batch_sizes, dtypes=args.dtypes, repeats=args.repeats, device=args.device,
         progress=not args.quiet, attention=args.attention, compile=args.compile, others_at=args.others_at,
+        min_tickets=args.per_point,
     )
-    columns = ["strategy", "batch_size", "dtype"] + (["compiled", "warmup_s"] if args.compile else []) + ["items_per_s", "items_per_s_min", "items_per_s_max", "speedup_vs_loop",
-               "tokenize_share", "padding_fraction", "agreement", "max_abs_diff", "roof_fraction", "kernel_ceiling", "peak_memory_mb"]
+    columns = ["strategy", "batch_size", "dtype"] + (["compiled", "warmup_s"] if args.compile else []) + [
+        "items_per_s", "items_per_s_min", "items_per_s_max", "interval_low", "interval_high", "speedup_vs_loop",
+        "tokens_per_s", "padding_fraction", "plan_padding", "sample_tickets", "tokenize_share", "agreement",
+        "max_abs_diff", "roof_fraction", "kernel_ceiling", "peak_memory_mb"]
     first = frame.iloc[0]
-    print(f"{first.model} · {first.device} · {first.threads} threads · {first.attention} attention · n={first.n} · "
-          f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats" + (" · random weights: timing only" if first.timing_only else ""))
+    print(f"{first.model} · {first.device} · {first.threads} threads · {first.attention} attention · "
+          f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
+          + (" · random weights: timing only" if first.timing_only else ""))
+    drawn = "every batch" if args.per_point is None else f"whole batches (at least {args.per_point} tickets per row)"
+    print(f"each row: {drawn} drawn from the plan of all {first.n} tickets; items/s are the whole plan's, estimated "
+          f"(interval: what the draw cannot know); {frame.attrs['checked_tickets']} timed tickets checked against the loop")
     print(f"machine: {first.profile}")
-    print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s")
+    print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s (estimated)")
     print(frame[[c for c in columns if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    if frame.attrs["left_out"]:
-        print(f"left out: {', '.join(f'{name} at batch {size}' for name, size in frame.attrs['left_out'])}: a batch "
-              f"that holds all {first.n} tickets is the same work as sorted's one batch")
+    for lost in frame.attrs["failed"]:
+        print(f"not measured: {lost['strategy']} at batch {lost['batch_size']} ({lost['dtype']}): {lost['reason']}")
     for dtype, (measured, raised) in frame.attrs["roof_raised"].items():
         print(f"{dtype} roof raised from the profile's {measured:.0f} to {raised:.0f} GFLOP/s: a row's kernels, timed "
               "alone, ran faster than the profile measured")
@@ -100,7 +111,7 @@ def add_classify_parser(commands) -> None:
     classify.add_argument("--text-column", default="text", help="the column holding the texts (default: text)")
     classify.add_argument("--model", default=None, help="hub id, local path or 'embedded' (default: as load_model)")
     classify.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU and MPS; on CUDA "
-                          "bfloat16 from compute capability 8.0, float16 below it)")
+                          "bfloat16 from compute capability 8.0, float16 below it where a probe forward gives finite logits, else float32)")
     classify.add_argument("--device", default=None, choices=DEVICES,
                           help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
     classify.add_argument("--strategy", default="sorted", choices=["loop", "arbitrary", "sorted", "token_budget"],

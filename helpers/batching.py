@@ -23,6 +23,10 @@ from .timing import sync
 STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
 
+class NonFiniteScores(RuntimeError):
+    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it)."""
+
+
 @dataclass
 class PaddingReport:
     real_tokens: int
@@ -91,9 +95,10 @@ def plan_batches(
 
 
 def padding_report(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> PaddingReport:
-    """Real vs processed (padded) tokens for a batch plan."""
+    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches)."""
     processed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
-    return PaddingReport(int(sum(lengths)), int(processed), len(batches))
+    real = sum(lengths[i] for batch in batches for i in batch)
+    return PaddingReport(int(real), int(processed), len(batches))
 
 
 def global_padding_factor(lengths: Sequence[int]) -> float:
@@ -117,6 +122,7 @@ def score_batched(
     prefix=None,
     progress: bool = True,
     unclean: str = "full",
+    on_batch=None,
 ) -> LabelScores:
     """Label scores for every prompt, in input order, plus timing and padding accounting in ``.info``.
 
@@ -126,6 +132,8 @@ def score_batched(
     whose split is not token-clean runs with its full prompt instead (``unclean="full"``, the default;
     ``.info["full_prompt_items"]`` lists them) or stops the run (``unclean="raise"``). A prompt that does
     not start with the prefix at all always stops it: the cache was built for other prompts.
+    ``on_batch(items, log_scores, full)``: called as each batch finishes, with its input positions, their scores and
+    whether they ran in full (``classify`` lands them in its progress file).
     """
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
@@ -153,6 +161,8 @@ def score_batched(
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     real = processed = n_batches = 0
     passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
+    ran: list[list[int]] = []  # every batch's input positions, in the order the batches ran
+    batch_seconds: list[float] = []  # and each one's seconds (its scores' copy to the host waits for the device)
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
         for items, rows, group_prefix in groups:
             lengths = [len(row) for row in rows]
@@ -162,10 +172,15 @@ def score_batched(
             past = group_prefix.length if group_prefix is not None else 0
             passes += [(rows_n, width, past) for rows_n, width in forward_shapes(lengths, batches, len(scorer.tail))]
             for batch in batches:
+                slots = [items[j] for j in batch]
+                began = time.perf_counter()
                 # Scores go back to their input slots: batches run in sorted order.
-                scores[[items[j] for j in batch]] = label_log_probs(
-                    model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, prefix=group_prefix
-                )
+                scores[slots] = label_log_probs(model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id,
+                                                prefix=group_prefix)
+                batch_seconds.append(time.perf_counter() - began)
+                ran.append(slots)
+                if on_batch is not None:
+                    on_batch(slots, scores[slots], group_prefix is None and prefix is not None)
                 bar.update(len(batch))
             report = padding_report(lengths, batches)
             real, processed = real + report.real_tokens, processed + report.processed_tokens
@@ -174,7 +189,7 @@ def score_batched(
     seconds = time.perf_counter() - start
     if torch.isnan(scores).any():
         bad = torch.isnan(scores).any(-1).nonzero().flatten().tolist()
-        raise RuntimeError(f"NaN scores for items {bad[:10]}: check the attention mask and dtype")
+        raise NonFiniteScores(f"NaN scores for items {bad[:10]}: check the attention mask and dtype")
     info = {
         "strategy": strategy,
         "batch_size": 1 if strategy == "loop" else (None if strategy == "token_budget" else batch_size),
@@ -185,6 +200,8 @@ def score_batched(
         "seconds": seconds,
         "tokenize_seconds": tokenized - start,  # part of "seconds": the rest is the forward passes
         "forward_passes": passes,
+        "batches": ran,
+        "batch_seconds": batch_seconds,
         "items_per_s": len(prompts) / seconds,
         **PaddingReport(real, processed, n_batches).as_dict(),
     }

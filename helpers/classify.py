@@ -25,8 +25,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from tqdm.auto import tqdm
+
+from . import resume
 from .batching import STRATEGIES, score_batched
-from .data import build_prompt, encode_prompt
+from .data import build_prompt, encode_prompt, uses_chat_template
 from .prefix_cache import PrefixCache
 from .scoring import (
     LabelScorer,
@@ -340,8 +343,9 @@ def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: i
 
 
 def collapse_warning(predictions: Sequence[str], labels: Sequence[str], share: float = COLLAPSE_SHARE,
-                     min_rows: int = COLLAPSE_MIN_ROWS) -> str | None:
-    """One line when predictions collapse onto one label (a zero-shot small model often does), else None."""
+                     min_rows: int = COLLAPSE_MIN_ROWS, examples: int = 0) -> str | None:
+    """One line when predictions collapse onto one label (a zero-shot small model often does), else None.
+    ``examples``: how many few-shot examples the run had; the advice differs with and without them."""
     if len(predictions) < min_rows:
         return None
     counts = Counter(predictions)
@@ -349,9 +353,11 @@ def collapse_warning(predictions: Sequence[str], labels: Sequence[str], share: f
     if top < share * len(predictions):
         return None
     distribution = ", ".join(f"{name} {counts[name]}" for name in labels)
+    advice = ("give it a few labelled examples with --examples FILE (columns text, label)" if not examples else
+              f"its {examples} example(s) were not enough: give at least one per label, clearer ones, or try a "
+              "larger model (--model)")
     return (f"warning: {top} of {len(predictions)} rows ({top / len(predictions):.0%}) got {label!r} "
-            f"({distribution}): the model may not be telling the labels apart; give it a few labelled "
-            "examples with --examples FILE (columns text, label)")
+            f"({distribution}): the model may not be telling the labels apart; {advice}")
 
 
 # --- the whole run ------------------------------------------------------------------------------------
@@ -374,6 +380,8 @@ class ClassifyResult:
     truncated_rows: list[int] = field(default_factory=list)
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    resumed: int = 0  # rows read back from the progress files of a stopped run
+    computed: int | None = None  # rows scored by this run (None: all of them)
 
     def summary(self) -> str:
         if self.prefix_cache:
@@ -383,8 +391,10 @@ class ClassifyResult:
                       f"({_rows_text(self.full_prompt_rows)})")
         else:
             prefix = " · no prefix cache"
-        return (f"{self.rows} rows -> {self.output} · {self.rows / self.seconds:.2f} items/s overall · {self.model} · "
-                f"{self.dtype} · {self.device} · {self.processes} process(es){prefix}")
+        scored = self.rows if self.computed is None else self.computed
+        resumed = f" ({self.resumed} resumed from a stopped run; the speed is this run's {scored} rows)" if self.resumed else ""
+        return (f"{self.rows} rows -> {self.output}{resumed} · {scored / self.seconds:.2f} items/s overall · "
+                f"{self.model} · {self.dtype} · {self.device} · {self.processes} process(es){prefix}")
 
 
 def _step(state, work: Callable[[], Any]) -> Any:
@@ -449,7 +459,7 @@ def classify_file(
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    from .models import load_model, load_tokenizer, pick_device
+    from .models import load_model, load_tokenizer, pick_device, pick_dtype, resolve_name
 
     start = time.perf_counter()
     try:
@@ -488,11 +498,31 @@ def classify_file(
         # that marks no end of an answer, stop here in one line.
         tokenizer = load_tokenizer(model_name)
         try:
-            return LabelScorer(tokenizer, checked_labels, complete=whole_answers)
+            return tokenizer, LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         except ValueError as error:
             raise InputError(f"{'--whole-answers' if whole_answers else '--labels'}: {error}") from None
 
-    scorer = _step(state, label_scorer)
+    first_tokenizer, scorer = _step(state, label_scorer)
+    plain = not uses_chat_template(first_tokenizer)
+    job = resume.fingerprint(
+        table.path, text_column, checked_labels, resolve_name(model_name)[0], str(pick_dtype(dtype, run_device)),
+        examples, "plain" if plain else "chat",
+        {"complete": scorer.complete, "method": scorer.method, "truncate": truncate})
+
+    def progress_so_far():
+        # Every process reads every progress file before any appends to its own: _step waits for all of them.
+        if overwrite:  # start again: nobody reads them, and only the writer removes them
+            if main:
+                resume.remove_progress(output)
+            return {}
+        return resume.read_progress(output, job)
+
+    done = _step(state, progress_so_far)
+    if done:
+        tell(f"resuming: {len(done):,} of {len(table):,} rows done (progress files beside {output}); scoring the rest")
+    if plain:
+        tell(f"{model_name or 'the model'}: its tokenizer has no chat template (a base model?): plain prompts, the "
+             f"instruction, examples and text as text, each label scored after 'Category:'")
     if scorer.complete:
         why = ("--whole-answers" if not scorer.overlaps else
                f"needed: {scorer.overlaps[0][1]!r} starts with all of {scorer.overlaps[0][0]!r}'s tokens")
@@ -509,12 +539,24 @@ def classify_file(
                                    end_tokens=max(len(t) - len(l) for t, l in zip(scorer.token_ids, scorer.label_ids)))
         prefix = (PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
                   if prefix_cache else None)
-        with state.split_between_processes(list(range(len(table)))) as mine:
+        with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
         shard = []
         if mine:
-            result = score_batched(model, tokenizer, scorer, [prepared.prompts[i] for i in mine], run_strategy,
-                                   batch_size, token_budget, prefix, progress=main and progress)
+            # Each finished batch lands in this process's progress file (helpers.resume) before the next runs.
+            writer = resume.ProgressWriter(output, state.process_index, job)
+            bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
+
+            def landed(items, log_scores, full):
+                writer.append([mine[j] for j in items], log_scores.tolist(), full)
+                bar.update(len(items))
+
+            try:
+                result = score_batched(model, tokenizer, scorer, [prepared.prompts[i] for i in mine], run_strategy,
+                                       batch_size, token_budget, prefix, progress=False, on_batch=landed)
+            finally:
+                writer.close()
+                bar.close()
             full = set(result.info["full_prompt_items"])
             shard = [(i, row.tolist(), j in full) for j, (i, row) in enumerate(zip(mine, result.log_scores))]
         return model, tokenizer, info, scorer, prepared, shard
@@ -529,6 +571,8 @@ def classify_file(
     if not main:
         outcome.seconds = time.perf_counter() - start
         return outcome
+    computed = len(gathered)
+    gathered = [*gathered, *((i, row, full) for i, (row, full) in done.items())]
     indices = [i for i, _, _ in gathered]
     if sorted(indices) != list(range(len(table))):
         raise RuntimeError(f"gathered {len(indices)} results for {len(table)} rows: some rows are missing or doubled")
@@ -545,10 +589,13 @@ def classify_file(
     scores = LabelScores(checked_labels, log_scores)
     outcome.predictions = scores.predictions
     write_records(result_records(table, scores), [*table.columns, *prediction_columns(checked_labels)], output)
+    resume.remove_progress(output)  # the output holds every row now
     outcome.output = output
+    outcome.resumed = len(done)
+    outcome.computed = computed
     outcome.seconds = time.perf_counter() - start
     tell(outcome.summary())
-    warning = collapse_warning(outcome.predictions, checked_labels)
+    warning = collapse_warning(outcome.predictions, checked_labels, examples=len(examples))
     if warning:
         outcome.warnings.append(warning)
         tell(warning)

@@ -215,6 +215,32 @@ def build_messages(
     return messages
 
 
+# A plain prompt's answers follow "Category:" after a space, as lm-evaluation-harness's target_delimiter puts them.
+PLAIN_DELIMITER = " "
+
+
+def uses_chat_template(tokenizer) -> bool:
+    """Whether prompts go through the tokenizer's chat template; a base model's (or a classifier saved without
+    one) get plain prompts (``plain_prompt``)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def plain_prompt(
+    tokenizer,
+    ticket: str,
+    labels: Sequence[str] = LABELS,
+    examples: Sequence[tuple[str, str]] = (),
+    descriptions: dict[str, str] | None = None,
+) -> str:
+    """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its
+    label after "Category:", then the ticket, ending at "Category:" (the label follows after ``PLAIN_DELIMITER``).
+    Starts with the tokenizer's BOS token where it has one, as the model saw text in training."""
+    parts = [system_message(labels, descriptions)]
+    parts += [USER_TEMPLATE.format(ticket=text) + PLAIN_DELIMITER + label for text, label in examples]
+    parts.append(USER_TEMPLATE.format(ticket=ticket))
+    return (tokenizer.bos_token or "") + "\n\n".join(parts)
+
+
 def build_prompt(
     tokenizer,
     ticket: str,
@@ -222,10 +248,25 @@ def build_prompt(
     examples: Sequence[tuple[str, str]] = (),
     descriptions: dict[str, str] | None = None,
 ) -> str:
-    """The full prompt text through the tokenizer's chat template, generation prompt included."""
+    """The full prompt text through the tokenizer's chat template, generation prompt included; a plain prompt
+    (``plain_prompt``) where the tokenizer has no template."""
+    if not uses_chat_template(tokenizer):
+        return plain_prompt(tokenizer, ticket, labels, examples, descriptions)
     return tokenizer.apply_chat_template(
         build_messages(ticket, labels, examples, descriptions), tokenize=False, add_generation_prompt=True
     )
+
+
+def answer_tokens(tokenizer, label: str) -> list[int]:
+    """A label's tokens as they follow the prompt: right after the chat template's generation prompt, or, in a plain
+    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word)."""
+    if uses_chat_template(tokenizer):
+        return tokenizer(label, add_special_tokens=False)["input_ids"]
+    context = tokenizer(USER_TEMPLATE.format(ticket="x"), add_special_tokens=False)["input_ids"]
+    whole = tokenizer(USER_TEMPLATE.format(ticket="x") + PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
+    if whole[:len(context)] == context and len(whole) > len(context):
+        return whole[len(context):]
+    return tokenizer(PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

@@ -79,11 +79,14 @@ MINIMUM_VERSIONS = (
     ("pandas", "2.0", "the notebooks' tables"),
     ("matplotlib", "3.8", "the notebooks' figures"),
     ("tqdm", "4.66", "progress bars"),
-    ("ipywidgets", "8", "tqdm's notebook progress bars"),
+    ("ipywidgets", "8", "tqdm's notebook progress bars; without it they fall back to text"),
     ("papermill", "2.6", "make notebooks and the notebook tests"),
 )
-# Needed to run the course's commands, not to run a lesson in an open notebook: a missing one only warns.
-SOFT = {"papermill"}
+# A missing one only warns. papermill runs the course's commands (make notebooks, the tests), not a lesson in an open
+# notebook. ipywidgets only draws tqdm's bars (text bars otherwise); the package does not declare it, since a pip
+# install that upgrades a hosted kernel's widget library mid-session breaks that session (Colab).
+SOFT = {"papermill", "ipywidgets"}
+COMMANDS = {"papermill"}  # hard for `python -m helpers check` in a course checkout, where make notebooks can run
 # Upper bounds, as in requirements.txt: a newer major release only warns (it may work; the course is untested there).
 BELOW = {"transformers": "6"}
 KERNEL_NAME = "python3"
@@ -115,13 +118,16 @@ def _or_make_setup() -> str:
 
 def check_package(package: str, minimum: str, why: str, commands: bool = False) -> Check:
     """One package against its floor. ``commands``: for the course's commands (make notebooks, the tests), where the
-    packages a lesson can do without (``SOFT``) are needed too."""
+    packages of ``COMMANDS`` are needed too, in a course checkout; a package install (``classify``, ``bench`` on a
+    GPU box) runs without them, so there they only warn."""
     from packaging.version import InvalidVersion, Version
+
+    from .outputs import _repository_root
 
     spec = f"{package}>={minimum}" + (f",<{BELOW[package]}" if package in BELOW else "")
     fix = _pip(spec, "-U")
     version = installed_version(package)
-    hard = commands or package not in SOFT
+    hard = package not in SOFT or (commands and package in COMMANDS and _repository_root() is not None)
     if version is None:
         return Check(package, False, f"not installed (needed >= {minimum}: {why})", fix, hard=hard)
     try:

@@ -15,11 +15,20 @@ import os
 import time
 from pathlib import Path
 
-import nbformat
-
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
 PRESET = "workshop"  # helpers.lessons: what an instructor tells the room to expect
+
+
+def notebook_format():
+    """nbformat, imported when a notebook is read or written: a package install for ``classify`` or ``bench``
+    runs without the notebook tools (requirements.txt installs them)."""
+    try:
+        import nbformat
+    except ImportError:
+        raise RuntimeError("reading and writing notebooks needs nbformat, which is not installed: "
+                           "pip install nbformat (or pip install -r requirements.txt)") from None
+    return nbformat
 
 
 def sources(root: Path = ROOT) -> list[Path]:
@@ -30,7 +39,7 @@ def sources(root: Path = ROOT) -> list[Path]:
 
 def code_cells(path: Path) -> list[str]:
     """A notebook's code, cell by cell, without its parameter cells."""
-    cells = nbformat.read(path, as_version=4).cells
+    cells = notebook_format().read(path, as_version=4).cells
     return [cell.source for cell in cells
             if cell.cell_type == "code" and not SKIPPED_TAGS & set(cell.metadata.get("tags", []))]
 
@@ -56,6 +65,7 @@ def machine_line() -> str:
 
 def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     """Put a first markdown cell on an executed copy: what it is, where it ran, how to regenerate it."""
+    nbformat = notebook_format()
     notebook = nbformat.read(path, as_version=4)
     link = os.path.relpath(source, path.parent)
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(

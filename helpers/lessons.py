@@ -15,15 +15,16 @@ import os
 
 PRESET_ENV = "SLM_PRESET"
 # lesson -> the parameters the preset sets: the model and the ticket counts the reference run uses (everything
-# else a lesson sizes follows from its ticket count). 01's 90 is its accuracy floor; the others sit above their
-# floors (02: 6, 03: 8, 04: 8), enough for each lesson's point to show. The counts are fixed, not fitted to a time
-# budget: a slow machine takes longer.
+# else a lesson sizes follows from its ticket count), 03's race batch and 04's sweep (tickets per point, every batch
+# size of a CPU).
+# 01's 90 is its accuracy floor; 02 and 03 sit above their floors (6, 8), enough for each lesson's point to show.
+# The counts are fixed, not fitted to a time budget: a slow machine takes longer.
 WORKSHOP = {
     "00": dict(MODEL="embedded"),
     "01": dict(MODEL="embedded", N_TICKETS=90),
     "02": dict(MODEL="embedded", N_TICKETS=8),
-    "03": dict(MODEL="embedded", N_TICKETS=16),
-    "04": dict(MODEL="embedded", N_TICKETS=12, DTYPES=["float32"]),
+    "03": dict(MODEL="embedded", N_TICKETS=16, RACE_BATCH=8),
+    "04": dict(MODEL="embedded", TICKETS_PER_POINT=8, BATCH_SIZES=[1, 2, 4, 8, 16, 32], DTYPES=["float32"]),
     "solutions": dict(MODEL="embedded"),  # their sizes are fixed already
 }
 PRESETS = {"workshop": WORKSHOP}

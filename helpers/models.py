@@ -159,7 +159,8 @@ def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | N
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device,
                capability: tuple[int, int] | None = None) -> torch.dtype:
     """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it (a T4 only
-    emulates bfloat16). The lessons ask for float32 everywhere; never assume a dtype is faster: measure it."""
+    emulates bfloat16; ``load_model`` probes it and falls back to float32 where it overflows). The lessons ask for
+    float32 everywhere; never assume a dtype is faster: measure it."""
     if dtype is None:
         if device.type != "cuda":
             return torch.float32
@@ -171,6 +172,60 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device,
     if not isinstance(resolved, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
     return resolved
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class HalfPrecisionError(RuntimeError):
+    """A half-precision dtype gives this model non-finite logits on this device (float16 overflow)."""
+
+
+def probe_ids(vocab_size: int, tokens: int = 32) -> torch.Tensor:
+    """Fixed token ids for a probe forward: no tokenizer needed, the same ones on every machine."""
+    return (torch.arange(1, tokens + 1) * 7919 % vocab_size).unsqueeze(0)
+
+
+@torch.inference_mode()
+def finite_logits(model, ids: torch.Tensor | None = None) -> bool:
+    """Whether one short forward gives finite logits. Models trained in bfloat16 (Qwen2 among them) can overflow
+    to inf/NaN in float16, on pre-Ampere GPUs such as the T4 (QwenLM/Qwen3 issues 761, 826, 868): probe before
+    trusting a half dtype."""
+    ids = probe_ids(model.config.vocab_size) if ids is None else ids
+    logits = model(input_ids=ids.to(model.device), use_cache=False).logits
+    return bool(torch.isfinite(logits).all())
+
+
+def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool = True):
+    """(model, dtype) after probing a half dtype (``finite_logits``). One chosen by default falls back to float32,
+    said in one line; one asked for by name raises ``HalfPrecisionError`` (a run in it would score NaN)."""
+    if dtype not in HALF_DTYPES or finite_logits(model):
+        return model, dtype
+    shown = str(dtype).removeprefix("torch.")
+    if requested is not None:
+        raise HalfPrecisionError(f"{name} gives non-finite logits in {shown} on {model.device.type} (half-precision "
+                                 "overflow): use float32, or bfloat16 on a GPU that has it")
+    if verbose:
+        print(f"{name}: {shown} gave non-finite logits in a probe forward (half-precision overflow): using float32")
+    return model.float(), torch.float32
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device running out of memory: CUDA's ``OutOfMemoryError``, or MPS's RuntimeError that says so."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+
+
+def free_memory(device: torch.device | str) -> None:
+    """Hand a GPU's cached blocks back after a failed or finished large run (nothing to do on a CPU)."""
+    import gc
+
+    gc.collect()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
 
 
 def process_threads() -> int:
@@ -352,6 +407,9 @@ def load_model(
 ):
     """Load ``(model, tokenizer, info)`` ready for inference.
 
+    ``dtype``: None picks ``pick_dtype``'s default for the device. A half dtype is first probed with one forward
+    (``settle_dtype``): a default one that overflows falls back to float32, said in one line; a named one raises.
+
     ``name``: a hub id or local path, ``"embedded"`` for the bundled SmolLM2-135M-Instruct, or a
     ``"twin:..."`` random-weight architecture (timing only). Default: ``$SLM_MODEL``, else
     Qwen2.5-0.5B-Instruct, else (not cached and no network) the embedded model, said in one line.
@@ -365,7 +423,7 @@ def load_model(
 
     resolved, reason = resolve_name(name)
     device = pick_device(device)
-    dtype = pick_dtype(dtype, device)
+    requested, dtype = dtype, pick_dtype(dtype, device)
     threads = process_threads()
     torch.set_num_threads(threads)
     if reason and verbose:
@@ -394,6 +452,7 @@ def load_model(
         source = "local path" if local else ("hub cache" if kwargs else "hub")
 
     model.eval()
+    model, dtype = settle_dtype(model, dtype, requested, shown, verbose)
     if attention == "auto":
         use_gqa_attention(model)  # grouped-query models on CPU: no per-head copies of keys and values
     elif attention is not None:

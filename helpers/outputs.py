@@ -14,12 +14,20 @@ def _repository_root() -> Path | None:
     return root if (root / "notebooks").is_dir() and (root / "pyproject.toml").is_file() else None
 
 
+def _course_folder_around(here: Path) -> Path | None:
+    """The course folder holding the working directory (a kernel started in notebooks/), whatever was installed."""
+    here = here.resolve()
+    return next((p for p in (here, *here.parents) if (p / "helpers" / "bootstrap.py").is_file()
+                 and (p / "notebooks").is_dir()), None)
+
+
 def output_dir(path: str | os.PathLike | None = None) -> Path:
     """The folder for figures and CSVs, created if missing: ``path`` if given, else ``$SLM_OUTPUT_DIR``,
-    else ``runs/`` at the root of the course checkout, else ``runs/`` under the working directory."""
+    else ``runs/`` at the root of the course checkout (the one this package runs from, else the one around the
+    working directory), else ``runs/`` under the working directory."""
     chosen = path or os.environ.get(ENV)
     if chosen is None:
-        root = _repository_root()
+        root = _repository_root() or _course_folder_around(Path.cwd())
         chosen = (root if root is not None else Path.cwd()) / "runs"
     folder = Path(chosen).expanduser()
     folder.mkdir(parents=True, exist_ok=True)

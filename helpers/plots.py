@@ -28,9 +28,11 @@ def bench_caption(frame) -> str:
             f"n={first['n']}, {first['shots']} shots")
 
 
-def set_title(ax, text: str) -> None:
-    """A computed title, wrapped to the axes' figure width so it is never cut off."""
-    ax.set_title(textwrap.fill(text, width=int(ax.figure.get_figwidth() * 11)), fontsize=10)
+def set_title(ax, text: str, width: float | None = None) -> None:
+    """A computed title, wrapped to the figure's width (or ``width`` inches: the axes' own, where a legend sits
+    beside them) so it is never cut off."""
+    inches = width if width is not None else ax.figure.get_figwidth()
+    ax.set_title(textwrap.fill(text, width=int(inches * 11)), fontsize=10)
 
 
 def finish(fig, info, path: str | Path) -> Path:
@@ -138,53 +140,66 @@ STRATEGY_LABELS = {
 
 
 def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: str | None = None,
-                             knees: dict[str, float] | None = None):
-    """Items/s against batch size: a line per strategy, a line style per dtype, each point with its spread (the
-    fastest and slowest repeat); loops as flat references (a band for their spread). ``knees``: strategy -> the
-    batch size where the profile's saturation curve predicts the line flattens (``attrs["predicted_knee"]``),
-    marked on the axis."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))  # the legend sits beside the axes, never on the points
+                             planned: dict | None = None):
+    """Three panels against batch size, each point the whole 600-ticket plan at that size (``helpers.sweep``):
+    tickets/s (estimated; bars: the fastest and slowest repeat; dashed: what the profile's cost model predicts), real
+    (non-padding) tokens/s, and padding, the drawn batches' (filled) beside the whole plan's (hollow). A line per
+    sweep strategy (its loop at batch 1) and dtype; other batched rows are single markers. ``planned``: label ->
+    ``Draw`` of a strategy planned but not timed (arbitrary order, say), shown in the padding panel alone."""
+    from .sweep import SWEEP_LOOPS, SWEEP_STRATEGIES, curve, describe_curve
+
+    fig, (rate_ax, token_ax, pad_ax) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True,
+                                                    gridspec_kw={"height_ratios": [3, 1.6, 1.4]})
     styles = ["-", "--", ":", "-."]
-    colors = {}
-    knees = frame.attrs.get("predicted_knee", {}) if knees is None else knees
-    for (dtype, strategy), rows in frame.groupby(["dtype", "strategy"], sort=False):
-        style = styles[list(dict.fromkeys(frame["dtype"])).index(dtype) % len(styles)]
-        color = colors.setdefault(strategy, f"C{len(colors)}")
-        label = f"{STRATEGY_LABELS.get(strategy, strategy)}, {dtype}"
-        if rows["batch_size"].nunique() == 1 and strategy in ("loop", "loop_prefix", "generate"):
-            row = rows.iloc[0]
-            ax.axhline(row["items_per_s"], color=color, ls=style, lw=1, label=label)
-            ax.axhspan(row["items_per_s_min"], row["items_per_s_max"], color=color, alpha=0.12, lw=0)
-        else:
-            rows = rows.sort_values("batch_size")
-            error = [rows["items_per_s"] - rows["items_per_s_min"], rows["items_per_s_max"] - rows["items_per_s"]]
-            ax.errorbar(rows["batch_size"], rows["items_per_s"], yerr=error, marker="o", ms=4, capsize=3,
-                        color=color, ls=style if len(rows) > 1 else "none", label=label)
+    dtypes = list(dict.fromkeys(frame["dtype"]))
+    verdicts = []
+    for dtype in dtypes:
+        rows = frame[frame["dtype"] == dtype]
+        style = styles[dtypes.index(dtype) % len(styles)]
+        shown = [name for name in SWEEP_STRATEGIES if (rows["strategy"] == name).any()]
+        others = rows[~rows["strategy"].isin([*SWEEP_STRATEGIES, *SWEEP_LOOPS.values(), "generate"])]
+        for i, name in enumerate(shown):
+            points = curve(rows, name)
+            color = f"C{i}"
+            label = f"{STRATEGY_LABELS.get(name, name)}, {dtype}; batch 1: {STRATEGY_LABELS[SWEEP_LOOPS[name]]}"
+            error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
+            rate_ax.errorbar(points["batch_size"], points["items_per_s"], yerr=error, marker="o", ms=4, capsize=3,
+                             color=color, ls=style, label=label)
+            if "predicted_items_per_s" in points and dtype == dtypes[0]:
+                rate_ax.plot(points["batch_size"], points["predicted_items_per_s"], color=color, ls=(0, (2, 2)), lw=1,
+                             alpha=0.7, label=f"{STRATEGY_LABELS.get(name, name)}: the profile's prediction")
+            token_ax.plot(points["batch_size"], points["tokens_per_s"], marker="o", ms=3, color=color, ls=style)
+            pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], marker="o", ms=4, color=color, ls=style)
+            pad_ax.plot(points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color,
+                        ls="none")
+            described = describe_curve(points)
+            verdicts.append(f"{STRATEGY_LABELS.get(name, name)}"
+                            + (f" ({dtype})" if len(dtypes) > 1 else "") + f" {described['text']}")
+        for j, row in enumerate(others.itertuples()):
+            color = f"C{len(shown) + j}"
+            rate_ax.errorbar([row.batch_size], [row.items_per_s], yerr=[[row.items_per_s - row.items_per_s_min],
+                             [row.items_per_s_max - row.items_per_s]], marker="s", ms=5, capsize=3, color=color,
+                             ls="none", label=f"{STRATEGY_LABELS.get(row.strategy, row.strategy)}, {dtype}")
+            pad_ax.plot([row.batch_size], [100 * row.padding_fraction], marker="s", ms=5, color=color, ls="none")
+            pad_ax.plot([row.batch_size], [100 * row.plan_padding], marker="s", ms=8, mfc="none", color=color, ls="none")
+    for j, (label, draw) in enumerate((planned or {}).items()):
+        color = f"C{5 + j}"
+        pad_ax.plot([draw.batch_size], [100 * draw.padding], marker="s", ms=5, color=color, ls="none",
+                    label=f"{label} (planned, not timed)")
+        pad_ax.plot([draw.batch_size], [100 * draw.plan_padding], marker="s", ms=8, mfc="none", color=color, ls="none")
+    if planned:
+        pad_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     sizes = sorted(frame["batch_size"].dropna().unique())
-    for strategy, knee in knees.items():
-        if strategy in colors and sizes[0] <= knee <= sizes[-1] * 2:
-            ax.axvline(knee, color=colors[strategy], ls=":", lw=1.2)
-            shown = f"{knee:.0f} row{'s' if round(knee) != 1 else ''}"
-            ax.annotate(f"03's curve: knee\n~{shown}", (knee, 0.02), xycoords=("data", "axes fraction"),
-                        fontsize=7, color=colors[strategy], ha="left", xytext=(3, 0), textcoords="offset points")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(int(size)) for size in sizes])
-    ax.set_xlabel("batch size (rows; token budget: rows x median length)")
-    ax.set_ylabel("throughput (tickets / s; bars: fastest to slowest repeat)")
-    ranked = frame.sort_values("items_per_s", ascending=False)
-    top = ranked.iloc[0]
-    name = f"{STRATEGY_LABELS.get(top.strategy, top.strategy)} ({top['dtype']}, batch {int(top['batch_size'])})"
-    # A winner only beyond the spread: the runner-up's fastest repeat must stay below the top's slowest.
-    close = ranked.iloc[1:][ranked.iloc[1:]["items_per_s_max"] >= top["items_per_s_min"]]
-    if "repeats" in frame and frame["repeats"].min() < 2:  # one run per row has no spread: it ranks nothing
-        verdict = f"fastest single run {name}, {top['items_per_s']:.2f} tickets/s (1 repeat: no spread to rank by)"
-    elif len(close):
-        verdict = f"fastest median {name}, {top['items_per_s']:.2f} tickets/s, within noise of {len(close)} other row(s)"
-    else:
-        verdict = f"best {name}, {top['items_per_s']:.2f} tickets/s, beyond every other row's spread"
-    set_title(ax, title or f"Throughput against batch size: {verdict}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    pad_ax.set_xscale("log", base=2)
+    pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
+    pad_ax.set_xlabel("batch size (rows per forward pass; batch 1: the loop)")
+    rate_ax.set_ylabel("tickets / s, all 600\n(bars: fastest to slowest repeat)")
+    token_ax.set_ylabel("real tokens / s")
+    pad_ax.set_ylabel("padding (%)\nfilled: drawn, hollow: plan")
+    set_title(rate_ax, title or "Throughput against batch size: " + "; ".join(verdicts), width=6.3)
+    for ax in (rate_ax, token_ax, pad_ax):
+        ax.grid(alpha=0.3)
+    rate_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig, finish(fig, bench_caption(frame), path)
 
 
@@ -259,37 +274,40 @@ def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None
     return fig, finish(fig, bench_caption(frame), path)
 
 
-def plot_saturation(profile, marks: dict[str, int], path="prefill_saturation.png", title: str | None = None):
-    """The machine profile's prefill curve (tokens/s against tokens per forward call), with marked workloads,
-    and the decode step's tokens/s at batch 1 and 32 (one new token per row) for comparison."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
+    """The machine profile's two prefill curves against tokens per forward call: one sequence of n tokens, and
+    batches of ``profile.batch_row_tokens``-token rows (about a median ticket each); one median ticket and ``rows``
+    of them in one call marked; the decode step (one new token per row) at batch 1 and 32 for comparison."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     tokens, rates = zip(*sorted(profile.prefill))
-    ax.plot(tokens, rates, marker="o", label="prefill: one sequence of n tokens per call")
+    ax.plot(tokens, rates, marker="o", color="C0", label="one sequence of n tokens per call (attention grows with n)")
+    width = profile.batch_row_tokens
+    counts, batched = zip(*sorted(profile.batched))
+    ax.plot([count * width for count in counts], batched, marker="D", color="C2",
+            label=f"rows of {width} tokens per call, 1 to {counts[-1]} rows")
+    for count, rate in zip(counts, batched):
+        if count in (1, rows, counts[-1]):
+            ax.annotate(f"{count} row{'s' if count > 1 else ''}", (count * width, rate), fontsize=7, color="C2",
+                        xytext=(0, 6), textcoords="offset points", ha="center")
     decode = sorted(profile.decode.items())
     ax.plot([b for b, _ in decode], [r for _, r in decode], marker="s", ls="--", color="C3",
             label=f"decode step: n rows x 1 new token ({profile.decode_context} cached)")
-    measured = max(tokens)
-    for i, (name, n) in enumerate(marks.items()):
-        rate = profile.tokens_per_s(n)
-        if n <= measured:
-            label = f"{name}: {n} tokens, {rate:.0f}/s ({rate / profile.peak_tokens_per_s:.0%} of peak)"
-            ax.plot([n], [rate], marker="o", color=f"C{i + 1}", ms=7)
-        else:  # the curve was not measured there: no rate to read off, only a place on the axis
-            label = f"{name}: {n} tokens, beyond the measured curve (it stops at {measured})"
-        ax.axvline(n, color=f"C{i + 1}", lw=1, ls=":" if n <= measured else "--", label=label)
+    alone = profile.tokens_per_s(median)
+    ax.axvline(median, color="C1", lw=1, ls=":", label=f"one median ticket: {median} tokens, {alone:.0f}/s alone")
+    together = profile.batched_tokens_per_s(rows)  # rows of about a median ticket each
+    beyond = rows > counts[-1]
+    ax.axvline(rows * median, color="C4", lw=1, ls=":" if not beyond else "--",
+               label=f"{rows} median tickets in one call: {rows * median} tokens, "
+                     + (f"{together:.0f}/s batched" if not beyond else "beyond the batched curve"))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per forward call (rows x tokens)")
     ax.set_ylabel("throughput (tokens / s)")
-    if title is None:
-        first, *rest = marks.items()
-        title = f"Prefill: {first[0]} runs at {profile.tokens_per_s(first[1]) / profile.peak_tokens_per_s:.0%} of the peak"
-        if rest and rest[-1][1] <= measured:
-            title += f", {rest[-1][0]} at {profile.tokens_per_s(rest[-1][1]) / profile.peak_tokens_per_s:.0%}"
-        elif rest:
-            title += f"; {rest[-1][0]} lie beyond the measured curve"
-    set_title(ax, title)
+    gain = profile.batching_gain(rows)
+    set_title(ax, title or (f"Prefill: one median ticket runs at {alone / profile.peak_tokens_per_s:.0%} of the single-"
+                            f"sequence peak; {rows} median rows in one call run {gain:.2f}x the tokens/s of one row, "
+                            f"90 % of their peak from {profile.batch_knee} rows"))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 

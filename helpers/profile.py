@@ -1,23 +1,33 @@
 """The machine profile: what this device and model do per second, measured in seconds (notebook 00 onwards).
 
-Three measurements, made once and then reused by every notebook and by ``python -m helpers bench``:
+Four measurements, made once and then reused by every notebook and by ``python -m helpers bench``:
 
 - **matmul throughput** per dtype worth trying on the device (``dtype_candidates``: float32 and bfloat16 on a
   CPU; float16, and bfloat16 from compute capability 8.0, on CUDA; float16 and bfloat16 on Apple's MPS): the "roof",
   and the reason a dtype is skipped where it runs below half of float32's speed;
 - **prefill throughput**: the model's tokens/s against tokens per forward call, from 1 token up to where it
   stops growing (the saturation curve). It says whether one ticket already keeps the hardware busy;
+- **batched rows**: tokens/s of 1, 2, 4, ... rows of a median ticket's length in one call (``BATCH_ROW_TOKENS``),
+  until it stops growing: what batching changes. A single long sequence is not the same work as a batch of
+  short rows: every one of its tokens attends to all earlier ones, so attention grows with its length, while the
+  rows of a batch attend only within themselves. The first curve therefore underestimates what batching short
+  rows can gain; this one measures it;
 - **one decode step** (one new token per row over a cached context) at batch 1 and at batch 32: where the
   "batch 1 is memory-bandwidth bound" argument holds (generating tokens).
 
 Profiles are cached for the process and on disk (``cache_dir()/profiles``), keyed by machine, torch version,
-model, dtype and device, so notebooks 01-04 reuse the one notebook 00 measured. Work is sized from them:
-``estimate_seconds`` turns a list of forward calls into seconds, ``size_to_budget`` a time budget into a count, and
-``fit_to_budget`` does the same for a lesson: its count and timed rounds, each decision in one line.
+model, dtype and device, so notebooks 01-04 reuse the one notebook 00 measured. Work is sized from them: every
+measured call fits one cost model (``CallCost``: seconds per call, per token and per attended key), which
+``estimate_runs`` applies to the calls a lesson plans and ``helpers.sweep`` to every batch of a full plan;
+``size_to_budget`` turns a time budget into a count, and ``fit_to_budget`` does the same for a lesson: its count
+and timed rounds, each decision in one line.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
+import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -27,13 +37,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .models import ModelInfo, cache_dir, dtype_candidates, threads_text
+from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, threads_text
 from .timing import Stopwatch, sync
 
-PROFILE_VERSION = 4  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum
+PROFILE_VERSION = 6  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum;
+# 5: batched rows; 6: half dtypes probed for finite logits
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
+BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # rows per call of the batched curve, until it stops growing
+BATCH_ROW_TOKENS = 96  # tokens per row: about a median ticket's prompt (the article's median is 94 with Qwen's tokenizer)
 DECODE_BATCHES = (1, 32)
 DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
 SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
@@ -77,22 +91,27 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 @torch.inference_mode()
 def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int],
-                  blocks: int = ROOF_BLOCKS, block_s: float = ROOF_BLOCK_S) -> float | None:
+                  blocks: int = ROOF_BLOCKS, block_s: float = ROOF_BLOCK_S, slow: float | None = None) -> float | None:
     """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``: a roof, so a maximum. None where the dtype is
     unsupported.
 
     After a warm-up of about one block (clocks ramp up, kernels are picked, caches fill), ``blocks`` blocks of
     back-to-back matmuls, each at least ``block_s`` seconds, synchronised; the fastest block counts. A median of a
     cold start would sit below what the same kernel does a moment later, and a rate above the roof would follow.
+    ``slow``: a rate (GFLOP/s) below which the first call's is answer enough (a dtype that slow is skipped anyway;
+    bfloat16 without bf16 instructions takes seconds per call).
     """
     device = torch.device(device)
     m, k, n = shape
     try:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
-        a @ b  # unsupported dtypes fail here, before timing
+        with Stopwatch(device) as first:
+            a @ b  # unsupported dtypes fail here, before timing
     except (RuntimeError, TypeError):
         return None
+    if slow is not None and 2 * m * k * n / first.seconds / 1e9 < slow:
+        return 2 * m * k * n / first.seconds / 1e9
     sync(device)
     start, calls, elapsed = time.perf_counter(), 0, 0.0
     while elapsed < block_s:  # the warm-up, which also sizes the blocks
@@ -100,6 +119,8 @@ def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[i
         sync(device)
         calls, elapsed = calls + 1, time.perf_counter() - start
     per_block = max(1, math.ceil(calls * block_s / elapsed))
+    if elapsed > 4 * block_s:  # one call outlasts several blocks (bfloat16 without bf16 instructions): 2 will do
+        blocks = min(blocks, 2)
     best = float("inf")
     for _ in range(blocks):
         with Stopwatch(device) as clock:
@@ -138,6 +159,41 @@ def prefill_curve(model, sizes: Iterable[int] = PREFILL_SIZES, max_call_s: float
     return points
 
 
+def half_precision_finite(model, dtype: str) -> bool:
+    """Whether a copy of ``model`` in ``dtype`` gives finite logits (``finite_logits``): the profile records it,
+    so a dtype that overflows with this model is never chosen (``choose_dtypes``)."""
+    copy = copy_module.deepcopy(model).to(getattr(torch, dtype))
+    try:
+        return finite_logits(copy)
+    finally:
+        del copy
+        free_memory(model.device)
+
+
+@torch.inference_mode()
+def batched_curve(model, rows: Iterable[int] = BATCH_ROWS, row_tokens: int = BATCH_ROW_TOKENS,
+                  max_call_s: float = MAX_CALL_S) -> list[tuple[int, float]]:
+    """(rows per forward call, tokens/s) for batches of ``row_tokens``-token rows, until the throughput stops growing.
+
+    The rows carry an attention mask, as a padded batch does, so attention runs the kernel the batched paths run.
+    On a CPU the curve goes to at least 32 rows (the sweep's largest size there), on a GPU to at least 256.
+    """
+    device = model.device
+    vocab = model.config.vocab_size
+    least = 32 if device.type == "cpu" else 256
+    generator = torch.Generator().manual_seed(0)
+    points: list[tuple[int, float]] = []
+    for count in rows:
+        ids = torch.randint(0, vocab, (count, row_tokens), generator=generator).to(device)
+        mask = torch.ones_like(ids)
+        seconds = _time_call(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1), device)
+        points.append((count, count * row_tokens / seconds))
+        flat = len(points) >= 3 and all(points[-i][1] < 1.05 * points[-i - 1][1] for i in (1, 2))
+        if count >= least and (flat or seconds > max_call_s):
+            break
+    return points
+
+
 @torch.inference_mode()
 def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -> float:
     """Tokens/s of one decode step: one new token per row, attending to ``context`` cached tokens."""
@@ -164,6 +220,68 @@ def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -
     return batch / _time_call(step, device)
 
 
+def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """A measured rate curve read at ``x`` (log-log between points). Below its first point the call's fixed cost
+    stays (the rate scales down with x); past its last point it is flat."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1] * x / points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """Seconds of one forward call: ``per_call`` + ``per_token`` x the tokens computed + ``per_key`` x the (query,
+    key) pairs attention scores, fitted to every call the profile timed.
+
+    Three costs, because batching changes them differently: a call's fixed cost (Python, kernel launches, reading
+    the weights) is shared by its rows; the per-token work (the matmuls) is the same however the tokens are
+    grouped; attention grows with a row's length (each token attends to every earlier one and to a cached
+    prefix), so one long sequence pays it and a batch of short rows does not. A row of ``width`` tokens after
+    ``past`` cached ones scores width x (past + (width + 1) / 2) pairs.
+    """
+
+    per_call: float
+    per_token: float
+    per_key: float
+
+    @staticmethod
+    def features(rows: int, width: float, past: float = 0) -> tuple[float, float, float]:
+        return 1.0, rows * width, rows * width * (past + (width + 1) / 2)
+
+    def seconds(self, rows: int, width: float, past: float = 0) -> float:
+        calls, tokens, pairs = self.features(rows, max(width, 1), past)
+        return self.per_call * calls + self.per_token * tokens + self.per_key * pairs
+
+    def scaled(self, ratio: float) -> CallCost:
+        """The same calls with their arithmetic ``ratio`` times as long, their fixed cost unchanged."""
+        return CallCost(self.per_call, self.per_token * ratio, self.per_key * ratio)
+
+    @classmethod
+    def fit(cls, profile: MachineProfile) -> CallCost:
+        """Least relative squares over the profile's prefill calls (single sequences and batched rows), with no cost
+        negative: the subset of the three terms that fits best with all of them >= 0. Decode steps are left out:
+        one token per row over a cache is another regime (reading the cache), and scoring never decodes."""
+        calls = [(1, tokens, 0, tokens / rate) for tokens, rate in profile.prefill]
+        calls += [(rows, profile.batch_row_tokens, 0, rows * profile.batch_row_tokens / rate)
+                  for rows, rate in profile.batched]
+        features = np.array([cls.features(r, w, p) for r, w, p, _ in calls])
+        seconds = np.array([t for *_, t in calls])
+        scaled = features / seconds[:, None]  # relative errors: a 10 ms call counts as much as a 10 s one
+        best, best_error = np.zeros(3), float("inf")
+        for subset in ([0, 1, 2], [0, 1], [1, 2], [0, 2], [1], [0], [2]):
+            coefficients = np.zeros(3)
+            coefficients[subset] = np.linalg.lstsq(scaled[:, subset], np.ones(len(calls)), rcond=None)[0]
+            error = float(((scaled @ coefficients - 1) ** 2).sum())
+            if (coefficients >= 0).all() and error < best_error:
+                best, best_error = coefficients, error
+        return cls(*map(float, best))
+
+
 @dataclass
 class MachineProfile:
     """One machine + model + dtype, measured. Every result can carry ``caption()`` and ``as_dict()``."""
@@ -177,23 +295,19 @@ class MachineProfile:
     matmul_gflops: dict[str, float]
     prefill: list[tuple[int, float]]
     decode: dict[int, float]
+    batched: list[tuple[int, float]] = field(default_factory=list)  # (rows per call, tokens/s)
+    batch_row_tokens: int = BATCH_ROW_TOKENS
     decode_context: int = DECODE_CONTEXT
     measured_s: float = 0.0
     measured_on: str = ""
     notes: list[str] = field(default_factory=list)
+    finite: dict[str, bool] = field(default_factory=dict)  # half dtype -> a probe forward gave finite logits
 
     # --- reading the curve ---
 
     def tokens_per_s(self, tokens: float) -> float:
         """Prefill tokens/s at ``tokens`` per forward call, interpolated on the measured curve (log scale)."""
-        points = sorted(self.prefill)
-        if tokens <= points[0][0]:
-            return points[0][1] * tokens / points[0][0]  # below the smallest call: the call cost stays
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
-            if tokens <= x1:
-                t = (math.log(tokens) - math.log(x0)) / (math.log(x1) - math.log(x0))
-                return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
-        return points[-1][1]  # past the last point the curve is flat (or the sweep stopped on time)
+        return _interpolate(self.prefill, tokens)
 
     def forward_seconds(self, tokens: float) -> float:
         """Estimated seconds of one forward call processing ``tokens`` tokens (all rows together)."""
@@ -205,9 +319,51 @@ class MachineProfile:
         return max(rate for _, rate in self.prefill)
 
     @property
+    def prefill_saturated(self) -> bool:
+        """Whether the single-sequence curve flattened (its last points grew under 5 %) before its largest size."""
+        rates = [rate for _, rate in self.prefill]
+        return len(rates) >= 3 and all(rates[-i] < 1.05 * rates[-i - 1] for i in (1, 2))
+
+    @property
     def saturation_tokens(self) -> int:
         """The fewest tokens per call that reach 90 % of the peak throughput."""
         return min(tokens for tokens, rate in self.prefill if rate >= 0.9 * self.peak_tokens_per_s)
+
+    # --- reading the batched curve: what batching changes ---
+
+    def batched_tokens_per_s(self, rows: float) -> float:
+        """Tokens/s of ``rows`` rows of ``batch_row_tokens`` tokens in one call, interpolated (log scale); past the
+        last measured point, that point's (the curve had flattened, or the sweep stopped on time)."""
+        return _interpolate(self.batched, rows)
+
+    def batching_gain(self, rows: float) -> float:
+        """How much faster ``rows`` median-length rows run per token in one call than one row alone: the gain batching
+        can bring here before any padding (1.0: none)."""
+        return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
+
+    @property
+    def batch_knee(self) -> int:
+        """The fewest rows per call that reach 90 % of the batched curve's peak: where a batch-size sweep of
+        median-length rows should stop gaining."""
+        peak = max(rate for _, rate in self.batched)
+        return min(rows for rows, rate in self.batched if rate >= 0.9 * peak)
+
+    @property
+    def batched_flat(self) -> bool:
+        """Whether the batched curve stopped growing within its measured rows (its last two points within 5 %)."""
+        return len(self.batched) >= 2 and self.batched[-1][1] < 1.05 * self.batched[-2][1]
+
+    # --- the cost of any call ---
+
+    @functools.cached_property
+    def call_cost(self) -> CallCost:
+        """The cost model fitted to every call this profile timed (``CallCost.fit``)."""
+        return CallCost.fit(self)
+
+    def call_seconds(self, rows: int, width: float, past: int = 0) -> float:
+        """Estimated seconds of one forward call over ``rows`` rows padded to ``width`` tokens, each attending to
+        ``past`` cached tokens too (``CallCost``)."""
+        return self.call_cost.seconds(rows, width, past)
 
     # --- dtypes ---
 
@@ -225,25 +381,45 @@ class MachineProfile:
                       ) -> tuple[list[str], list[str]]:
         """(dtypes to run, lines to print). ``requested`` (explicit) wins; otherwise the candidates (by default
         those the profile measured: ``dtype_candidates`` of its device) minus the slow ones."""
-        if requested:
-            return list(dict.fromkeys(requested)), []
+        overflow = {d: (f"{d} skipped: a probe forward in it gave non-finite logits with this model here "
+                        "(half-precision overflow); its rows would score NaN") for d, ok in self.finite.items() if not ok}
+        if requested:  # named: run even a slow dtype, never one that overflows
+            named = list(dict.fromkeys(requested))
+            return [d for d in named if d not in overflow], [overflow[d] for d in named if d in overflow]
         candidates = list(self.matmul_gflops) if candidates is None else candidates
-        slow = self.slow_dtypes()
-        chosen = [d for d in candidates if d not in slow and (d == "float32" or d in self.matmul_gflops)]
-        return chosen, [slow[d] for d in candidates if d in slow]
+        skipped = {**self.slow_dtypes(), **overflow}
+        chosen = [d for d in candidates if d not in skipped and (d == "float32" or d in self.matmul_gflops)]
+        return chosen, [skipped[d] for d in candidates if d in skipped]
+
+    def in_dtype(self, dtype: str) -> MachineProfile:
+        """This profile pricing calls in ``dtype``: a call's arithmetic (per token, per attention pair) scaled by the
+        float32 matmul throughput over ``dtype``'s; its fixed cost kept, since a launch-bound call (small calls on a
+        GPU) takes about as long in any dtype."""
+        base, other = self.matmul_gflops.get("float32"), self.matmul_gflops.get(dtype)
+        if dtype == "float32" or not base or not other:
+            return self
+        priced = dataclasses.replace(self)
+        priced.__dict__["call_cost"] = self.call_cost.scaled(base / other)  # call_cost is a cached_property
+        return priced
 
     # --- describing ---
 
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
+        batched = (f" · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from {self.batch_knee} rows"
+                   if self.batched else "")
         return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops.get('float32', 0):.0f} "
-                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s, 90 % of it from ~{self.saturation_tokens} tokens per call")
+                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s, 90 % of it from ~{self.saturation_tokens} "
+                f"tokens per call{'' if self.prefill_saturated else f' (not saturated at {self.prefill[-1][0]})'}"
+                f"{batched}")
 
     def summary(self) -> str:
         lines = [f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
                  f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
                  "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
                  "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
+                 f"batched rows of {self.batch_row_tokens} tokens: "
+                 + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
                  "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items()))]
         return "\n".join(lines + self.notes)
 
@@ -254,6 +430,7 @@ class MachineProfile:
     def from_dict(cls, data: dict) -> MachineProfile:
         data = dict(data)
         data["prefill"] = [tuple(point) for point in data["prefill"]]
+        data["batched"] = [tuple(point) for point in data.get("batched", [])]
         data["decode"] = {int(batch): rate for batch, rate in data["decode"].items()}
         return cls(**data)
 
@@ -293,15 +470,22 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
     start = time.perf_counter()
     shape = roof_shape(model, device)
     matmul = {}
-    for dtype in dtype_candidates(device):
-        gflops = matmul_gflops(device, dtype, shape)
+    for dtype in dtype_candidates(device):  # float32 first: the others are skipped below half of it
+        # On a CPU a dtype whose first call is far below that is answered by it; a GPU's first call of a dtype also
+        # picks its kernels, so it times them in full.
+        slow = SLOW_DTYPE_RATIO * matmul["float32"] / 4 if matmul and device.type == "cpu" else None
+        gflops = matmul_gflops(device, dtype, shape, slow=slow)
         if gflops is not None:
             matmul[str(dtype).removeprefix("torch.")] = gflops
+    finite = {dtype: half_precision_finite(model, dtype) for dtype in matmul
+              if dtype != "float32" and matmul[dtype] >= SLOW_DTYPE_RATIO * matmul["float32"]}
     prefill = prefill_curve(model)
+    batched = batched_curve(model)
     decode = {batch: decode_step_tokens_per_s(model, batch) for batch in DECODE_BATCHES}
     profile = MachineProfile(
         machine=machine_name(device), torch=torch.__version__, model=info.name, dtype=info.dtype,
         device=str(device), threads=torch.get_num_threads(), matmul_gflops=matmul, prefill=prefill, decode=decode,
+        batched=batched, finite=finite,
         measured_s=time.perf_counter() - start, measured_on=time.strftime("%Y-%m-%d %H:%M"),
     )
     _MEMORY[key] = profile
@@ -315,11 +499,6 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
 
 
 # --- sizing work by time ----------------------------------------------------------------------------------
-
-
-def estimate_seconds(profile: MachineProfile, calls: Iterable[float]) -> float:
-    """Estimated seconds for forward calls of the given token counts (rows x width per call)."""
-    return sum(profile.forward_seconds(tokens) for tokens in calls)
 
 
 def size_to_budget(
@@ -430,7 +609,7 @@ def continuation_tokens(scorer) -> int:
 
 
 def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
-    """Estimated seconds of model time for the planned runs: each forward call read off the prefill curve."""
+    """Estimated seconds of model time for the planned runs: each forward call priced by the profile's ``CallCost``."""
     from .batching import plan_batches
 
     total = 0.0
@@ -443,8 +622,7 @@ def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
         seconds = 0.0
         for batch in batches:
             width = max(lengths[i] for i in batch) + run.continuation
-            # Cached-prefix tokens are not recomputed, but every row still attends to them: count a quarter.
-            seconds += profile.forward_seconds(len(batch) * (width + run.prefix_tokens / 4))
+            seconds += profile.call_seconds(len(batch), width, run.prefix_tokens)
         if run.new_tokens > 1:
             seconds += len(lengths) * (run.new_tokens - 1) / profile.decode[1]
         total += seconds * run.repeats * run.slowdown

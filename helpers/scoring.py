@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .data import encode_prompt
+from .data import answer_tokens, encode_prompt
 from .timing import Stopwatch
 
 METHODS = ("auto", "first_token", "sequence")
@@ -138,7 +138,7 @@ class LabelScorer:
         self.labels = labels
         self.label_ids: list[list[int]] = []  # each label's own tokens, without any end marker
         for label in labels:
-            ids = tokenizer(label, add_special_tokens=False)["input_ids"]
+            ids = answer_tokens(tokenizer, label)  # after a plain prompt's "Category:", with its space
             if not ids:
                 raise ValueError(f"label {label!r} tokenizes to nothing")
             self.label_ids.append(ids)

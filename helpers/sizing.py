@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bench import STRATEGIES as ROW_KINDS
-from .bench import SWEEP_FLOOR, SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes, warm_up_rows
+from .bench import plan_rows, row_draw, sweep_batch_sizes, warm_up_rows
 from .data import LABEL_DESCRIPTIONS, LABELS, build_prompt, encode_prompt, encode_prompts, few_shot_examples, make_tickets
 from .prefix_cache import find_prefix_text
-from .profile import PlannedRun, continuation_tokens, estimate_runs, fit_to_budget
+from .profile import STRETCH, PlannedRun, continuation_tokens, estimate_runs, fit_to_budget
 from .scoring import LabelScorer
+from .sweep import MIN_TICKETS, POOL
 
 
 @dataclass
@@ -54,7 +54,7 @@ def _fit(budget_s, estimate, floor, cap, minimum, n, repeats, derived) -> tuple[
 
 
 def lesson_01(tokenizer, profile, info, budget_s: float, n: int | None = None, repeats: int = 3,
-              shot_counts=(0, 3, 6), few_shot: int = 6, batch_size: int = 4, n_generate: int | None = None,
+              shot_counts=(0, 3, 6), few_shot: int = 6, batch_size: int = 8, n_generate: int | None = None,
               n_probes: int | None = None, full_scale: bool = False, seed: int = 0) -> LessonSizing:
     """Notebook 01: tickets for the accuracy sections (at least 90: an accuracy needs them; 6, or down to 3, for a
     random-weight twin, whose accuracy means nothing), a thirtieth of them (3-24) for the generate-vs-score race,
@@ -148,13 +148,30 @@ def lesson_02(tokenizer, profile, info, budget_s: float, n: int | None = None, r
     return LessonSizing(count, rounds, {"scaling": scaling_count(count)}, lines)
 
 
+RACE_BATCHES = (32, 16, 8, 4)  # notebook 03's race: the largest of these its budget allows
+ARTICLE_BATCH = 32  # the article's batch size
+
+
+def race_rows(race_batch: int, article_batch: int | None = ARTICLE_BATCH) -> dict[str, tuple[str, int]]:
+    """Notebook 03's race: contender -> (strategy, batch size), the loop and three batched strategies at
+    ``race_batch``, plus sorted batches of ``article_batch`` (the article's comparison, at its size) where the race
+    runs at another size (None: not)."""
+    rows = {"loop": ("loop", 1), "arbitrary": ("arbitrary", race_batch), "sorted": ("sorted", race_batch),
+            "token_budget": ("token_budget", race_batch)}
+    if article_batch is not None and race_batch != article_batch:
+        rows[f"sorted, {article_batch}"] = ("sorted", article_batch)
+    return rows
+
+
 def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, repeats: int = 3,
-              few_shot: int = 3, demo_shots: int = 6, batch_size: int | None = None, batch_sizes=None,
-              token_budget: int | None = None, seed: int = 0) -> LessonSizing:
-    """Notebook 03: article tickets (at least 8, so every strategy runs at least 4 batches at batch 2; down to 4
-    where 8 need more than 1.5x the budget); the batch size (a quarter of the tickets, 2-16), the sweep of section
-    7 (those of 4, 8, 16, 32 that leave at least 4 batches) and the token budget (batch x the median prompt)."""
-    pool = make_tickets(600, seed=seed, style="article")["text"]
+              few_shot: int = 3, demo_shots: int = 6, batch_size: int | None = None, race_batch: int | None = None,
+              token_budget: int | None = None, per_point: int = MIN_TICKETS, article_batch: int | None = ARTICLE_BATCH,
+              seed: int = 0) -> LessonSizing:
+    """Notebook 03: the race's batch size (the largest of ``RACE_BATCHES`` whose race, drawn from the 600-ticket
+    plan, fits the budget beside the rest of the lesson at its floor), then article tickets for sections 2-6 (at
+    least 8, so every strategy runs at least 4 batches at batch 2; down to 4 where 8 need more than 1.5x the
+    budget), their batch size (a quarter of the tickets, 2-16) and token budget (batch x the median prompt)."""
+    pool = make_tickets(POOL, seed=seed, style="article")["text"]
     examples = few_shot_examples(few_shot)
     pool_lengths = [len(encode_prompt(tokenizer, build_prompt(tokenizer, text))) for text in pool]
     shot_prefix, pool_shot_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
@@ -163,129 +180,140 @@ def lesson_03(tokenizer, profile, info, budget_s: float, n: int | None = None, r
 
     def sizes_for(count):
         batch = batch_size or int(np.clip(count // 4, 2, 16))
-        sweep = list(batch_sizes or ([b for b in (4, 8, 16, 32) if b <= count // 4] or [batch]))
         budget = token_budget or int(batch * np.median(pool_lengths[:count]))
-        return batch, sweep, budget
+        return batch, budget
 
-    def seconds(count, rounds):
-        batch, sweep, budget = sizes_for(count)
+    def race_seconds(race, rounds, article=article_batch, count=per_point):
+        """The race: a warm-up batch each, then its rounds, and the loop over every drawn ticket (the reference)."""
+        racing = race_rows(race, None)
+        draws = {name: row_draw(*row, pool_lengths, 0, extra, count) for name, row in race_rows(race, article).items()}
+        total = 0.0
+        for name, draw in draws.items():  # a warm-up of about one batch; the article's size runs once
+            total += sum(draw.predicted_seconds(profile, draw.numbers)) * (
+                (rounds if name in racing else 1) + 1 / len(draw.numbers))
+        checked = sorted({i for draw in draws.values() for i in draw.tickets})
+        return total + estimate_runs(profile, [PlannedRun([pool_lengths[i] for i in checked], continuation=extra)])
+
+    def sections_seconds(count):
+        batch, budget = sizes_for(count)
         zero, shot = pool_lengths[:count], pool_shot_lengths[:count]
-        suffix = [length - shot_prefix for length in shot]
         demo = pool_demo_lengths[:count]
         demo_suffix = [length - demo_prefix for length in demo]
+        suffix = [length - shot_prefix for length in shot]
         runs = [PlannedRun(zero, continuation=extra, repeats=2),  # the loop, and the probes
                 PlannedRun(zero), PlannedRun(zero, "sorted", batch, repeats=2),  # by hand: loop; left, the helper
                 PlannedRun(demo), PlannedRun(demo, "sorted", batch),  # right padding: the few-shot loop, by hand
                 PlannedRun(zero, "arbitrary", batch, continuation=extra),
                 PlannedRun(zero, "sorted", batch, continuation=extra),
                 PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra),
-                # the race: the rounds of the loop and the three batched strategies (warm: they ran above)
-                PlannedRun(zero, continuation=extra, repeats=rounds),
-                PlannedRun(zero, "arbitrary", batch, continuation=extra, repeats=rounds),
-                PlannedRun(zero, "sorted", batch, continuation=extra, repeats=rounds),
-                PlannedRun(zero, "token_budget", token_budget=budget, continuation=extra, repeats=rounds),
-                # section 5's demo (few-shot loop and sorted batches on the cached prefix), section 7's references
+                # section 5's demo (few-shot loop and sorted batches on the cached prefix), section 7's drawing
                 PlannedRun(demo_suffix, prefix_tokens=demo_prefix, continuation=extra),
                 PlannedRun(demo_suffix, "sorted", batch, prefix_tokens=demo_prefix, continuation=extra),
-                PlannedRun(shot, continuation=extra), PlannedRun(suffix, prefix_tokens=shot_prefix, continuation=extra)]
-        for size in sweep:
-            runs += [PlannedRun(shot, "arbitrary", size, continuation=extra),
-                     PlannedRun(shot, "sorted", size, continuation=extra),
-                     PlannedRun(suffix, "sorted", size, prefix_tokens=shot_prefix, continuation=extra)]
+                PlannedRun(shot, continuation=extra), PlannedRun(suffix, prefix_tokens=shot_prefix, continuation=extra),
+                PlannedRun(suffix, "sorted", batch, prefix_tokens=shot_prefix, continuation=extra)]
         return estimate_runs(profile, runs)
 
-    count, rounds, lines = _fit(budget_s, seconds, 8, len(pool), 4, n, repeats, lambda c: (
-        "batch size {} (sections 3-6), sweep {} (section 7), token budget {}".format(*sizes_for(c))))
-    batch, sweep, budget = sizes_for(count)
-    return LessonSizing(count, rounds, {"batch_size": batch, "batch_sizes": sweep, "token_budget": budget,
+    lines = []
+    floor = 8
+    race, article, per_race = race_batch, article_batch, per_point
+    if race is None:
+        fits = [b for b in RACE_BATCHES if race_seconds(b, repeats) + sections_seconds(floor) <= STRETCH * budget_s]
+        race = fits[0] if fits else RACE_BATCHES[-1]
+        if not fits:  # a slow machine or a large model: the article's size goes, then the tickets per contender halve
+            if article is not None and article != race:
+                extra_s = race_seconds(race, 2) - race_seconds(race, 2, None)
+                lines.append(f"the article's comparison (sorted batches of {article}) left out: it needs an estimated "
+                             f"{extra_s:.0f} s more here; ARTICLE_BATCH = {article} with RACE_BATCH = {race} runs it")
+                article = None
+            while per_race > 4 and race_seconds(race, 2, article, per_race) + sections_seconds(4) > budget_s:
+                per_race //= 2
+
+    def cost(count, rounds):
+        return sections_seconds(count) + race_seconds(race, rounds, article, per_race)
+
+    count, rounds, fit = _fit(budget_s, cost, floor, POOL, 4, n, repeats,
+                              lambda c: "batch size {} (sections 3-6), token budget {}".format(*sizes_for(c)))
+    lines += fit
+    drawn = (f"the race at batch {race}: each contender's whole batches drawn from the {POOL}-ticket plan (at least "
+             f"{per_race} tickets), an estimated {race_seconds(race, rounds, article, per_race):.0f} s of it")
+    if race_batch is None and race != RACE_BATCHES[0]:
+        drawn += f" (batch {RACE_BATCHES[0]} would need {race_seconds(RACE_BATCHES[0], rounds):.0f} s)"
+    lines.append(drawn)
+    batch, budget = sizes_for(count)
+    return LessonSizing(count, rounds, {"batch_size": batch, "race_batch": race, "token_budget": budget,
+                                        "article_batch": article, "per_point": per_race,
                                         "pool_lengths": pool_lengths}, lines)
 
 
-def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], n: int | None = None, repeats: int = 2,
-              shots: int = 3, strategies=(), batch_sizes=None, others_at: int | None = 8, dtypes_named: bool = False,
-              seed: int = 0) -> LessonSizing:
-    """Notebook 04: article tickets for the benchmark (at least 8, for 5 batch sizes of the sweep, or the largest
-    size asked for; where 8 need more than 1.5x the budget, as many as fit it: 6 or 7 still sweep 5 sizes, down to
-    4 tickets at sizes 2-4), its batch sizes, the dtypes (half precision is dropped before the curve is, unless
-    ``dtypes_named``) and ``others_at`` clamped to the tickets (arbitrary order left out where one batch holds them
-    all: ``plan_rows``)."""
+def lesson_04(tokenizer, profile, info, budget_s: float, dtypes: list[str], per_point: int | None = MIN_TICKETS,
+              repeats: int = 2, shots: int = 3, strategies=(), batch_sizes=None, others_at: int | None = 8,
+              dtypes_named: bool = False, seed: int = 0) -> LessonSizing:
+    """Notebook 04: the points of the sweep the budget buys. Every point times whole batches drawn from the
+    600-ticket plan (at least ``per_point`` tickets, at least 2 batches; None: every batch), so its cost is set by
+    the draw, not by a ticket count. Where the sweep is over the budget, half precision goes first (unless
+    ``dtypes_named``), then the costliest points one by one (never a loop, nor a batch size of 4 or less), then the
+    tickets per point halve (down to 4); named ``batch_sizes`` never give way. ``values["rows"]``: the (strategy,
+    batch size) rows to run."""
     examples = few_shot_examples(shots)
-    pool = make_tickets(600, seed=seed, style="article")["text"]
-    prefix_tokens, pool_lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
-    extra = continuation_tokens(LabelScorer(tokenizer, LABELS))
-    base = profile.matmul_gflops["float32"]
+    pool = make_tickets(POOL, seed=seed, style="article")["text"]
+    prefix_tokens, lengths = _lengths(tokenizer, pool, labels=LABELS, examples=examples)
+    tail = continuation_tokens(LabelScorer(tokenizer, LABELS))
+    every_row = info.device != "cpu"
 
-    def sizes_for(count):
-        return list(batch_sizes or sweep_batch_sizes(info.device, count))
+    def costs(rows, count, dtypes=("float32",)):
+        """Per row, its draw's seconds over the repeats and its warm-up, summed over ``dtypes`` (each priced in its
+        own dtype: ``in_dtype``); and the reference over every drawn ticket."""
+        draws = {row: row_draw(*row, lengths, prefix_tokens, tail, count) for row in rows}
+        warmed = warm_up_rows(rows, every_row=every_row)  # as run_benchmark's _timed_rows
+        own = {row: sum(sum(draw.predicted_seconds(profile.in_dtype(dtype), draw.numbers)) for dtype in dtypes)
+               * (repeats + (row in warmed) / len(draw.numbers)) for row, draw in draws.items()}
+        checked = sorted({i for draw in draws.values() for i in draw.tickets})
+        return own, estimate_runs(profile, [PlannedRun([lengths[i] for i in checked], continuation=tail)])
 
-    def seconds(count, rounds, run_dtypes=None):
-        rows = plan_rows(strategies, sizes_for(count), others_at, count)  # (strategy, batch size), as run_benchmark
-        lengths = pool_lengths[:count]
-        suffix = [length - prefix_tokens for length in lengths]
-        budget_per_row = int(np.median(lengths))
-        longest = sorted(lengths)[::-1]
-        total = 0.0
-        for dtype in run_dtypes or dtypes:
-            slowdown = base / profile.matmul_gflops.get(dtype, base)
-            runs = []
-            if dtype == "float32" and ("loop", 1) not in rows:  # the reference every row is checked against
-                runs.append(PlannedRun(lengths, continuation=extra, repeats=rounds))
-            warmed = warm_up_rows(rows, every_row=info.device != "cpu")  # as run_benchmark's _timed_rows
-            for name, size in rows:
-                if name == "generate":
-                    runs += [PlannedRun(lengths, new_tokens=5)] if dtype == "float32" else []
-                    continue
-                strategy, cached = ROW_KINDS[name]
-                row_budget = size * budget_per_row if strategy == "token_budget" else None
-                rows_of = suffix if cached else lengths
-                runs.append(PlannedRun(rows_of, strategy, size, row_budget, prefix_tokens=prefix_tokens if cached else 0,
-                                       continuation=extra, repeats=rounds, slowdown=slowdown))
-                if (name, size) in warmed:  # the warm-up: one batch of the longest prompts
-                    warm = [length - (prefix_tokens if cached else 0) for length in longest[:min(size, 8)]]
-                    runs.append(PlannedRun(warm, strategy, size, row_budget,
-                                           prefix_tokens=prefix_tokens if cached else 0, continuation=extra,
-                                           slowdown=slowdown))
-            total += estimate_runs(profile, runs)
-        return total
+    def seconds(rows, run_dtypes, count):
+        own, reference = costs(rows, count, run_dtypes)
+        generate = estimate_runs(profile, [PlannedRun([lengths[i] for i in row_draw(
+            "loop", 1, lengths, prefix_tokens, tail, count).tickets], new_tokens=5)])  # the ladder's first step
+        return sum(own.values()) + reference + generate
 
     lines: list[str] = []
     skipped: list[str] = []  # dtypes dropped for the budget, for the notebook's summary
-    floor = max([*batch_sizes, others_at or 1]) if batch_sizes else max(SWEEP_FLOOR, others_at or 1)
-    if not dtypes_named and n is None and len(dtypes) > 1:
-        every_dtype = seconds(floor, repeats)
-        if every_dtype > budget_s:
-            # A slow machine or a large model: keep to the budget by running float32 alone, and say so.
-            dropped, dtypes = dtypes[1:], dtypes[:1]
-            skipped.append(f"{', '.join(dropped)} skipped: {floor} tickets in every dtype need an estimated "
-                           f"{every_dtype:.0f} s here, over the {budget_s:.0f} s budget; raise TIME_BUDGET_S or name "
-                           "the dtypes in DTYPES")
-            lines.append(skipped[-1])
-    others = [name for name in strategies
-              if name in ROW_KINDS and name not in SWEEP_STRATEGIES and ROW_KINDS[name][0] != "loop"]
-
-    def plan_line(count):
-        line = f"dtypes {', '.join(dtypes)}; {', '.join(SWEEP_STRATEGIES)} at batch sizes {sizes_for(count)}"
-        rows = plan_rows(strategies, sizes_for(count), others_at, count)
-        for name in others:
-            at = [str(size) for size in sorted({min(size, count) for row, size in rows if row == name})]  # clamped
-            if at:
-                line += f"; {name} at {', '.join(at)}"
-        return line
-
-    count, rounds, fit = _fit(budget_s, lambda c, r: seconds(c, r, dtypes), floor, len(pool),
-                              None if batch_sizes else 4, n, repeats, plan_line)
-    lines += fit
-    sizes = sizes_for(count)
-    run_others = [name for name in others if name in dict(plan_rows(strategies, sizes, others_at, count))]
-    if "arbitrary" in others and "arbitrary" not in run_others:
-        lines.append(f"arbitrary order left out where a batch holds all {count} tickets: the same work as sorted's "
-                     "one batch")
-    if others_at is not None and others_at > count:
-        if run_others:
-            lines.append(f"OTHERS_AT {others_at} -> {count}: a batch cannot hold more than the {count} tickets")
-        others_at = count
-    if rounds < 2:
-        lines.append(f"{rounds} repeat per row: no point gets a spread, so no sentence below ranks two rows "
+    dtypes = ["float32", *[d for d in dtypes if d != "float32"]]  # float32 first: its loop is every row's reference
+    sizes = list(batch_sizes or sweep_batch_sizes(info.device))
+    rows = plan_rows(strategies, sizes, others_at)
+    if not dtypes_named and len(dtypes) > 1 and seconds(rows, dtypes, per_point) > budget_s:
+        # A slow machine or a large model: keep to the budget by running float32 alone, and say so.
+        dropped, dtypes = dtypes[1:], dtypes[:1]
+        skipped.append(f"{', '.join(dropped)} skipped: the sweep in every dtype needs an estimated "
+                       f"{seconds(rows, dropped + dtypes, per_point):.0f} s here, over the {budget_s:.0f} s budget; "
+                       "raise TIME_BUDGET_S or name the dtypes in DTYPES")
+        lines.append(skipped[-1])
+    wanted, count = list(rows), per_point
+    if batch_sizes is None:
+        while seconds(rows, dtypes, count) > budget_s:
+            own, _ = costs(rows, count, dtypes)
+            optional = [row for row in rows if row[1] > 4]
+            if optional:
+                rows.remove(max(optional, key=own.get))  # the costliest point goes first
+            elif count is not None and count > 4:
+                count //= 2
+            else:
+                break
+    needed = seconds(rows, dtypes, count)
+    sizes = sorted({size for _, size in rows})
+    drawn = "every batch of" if count is None else f"at least {count} tickets in whole batches from"
+    line = (f"batch sizes {', '.join(map(str, sizes))}, each point {drawn} the {POOL}-ticket plan, {repeats} repeats; "
+            f"dtypes {', '.join(dtypes)}: an estimated {needed:.0f} s of model time here")
+    line += f", over the {budget_s:.0f} s budget" if needed > budget_s else f", within the {budget_s:.0f} s budget"
+    left_out = [row for row in wanted if row not in rows]
+    if left_out:
+        line += (f" (left out: {', '.join(f'{name} at {size}' for name, size in left_out)}, which would need "
+                 f"{seconds(wanted, dtypes, per_point):.0f} s in all; raise TIME_BUDGET_S for them)")
+    if count != per_point:
+        line += f"; {count} tickets per point instead of {per_point}"
+    lines.append(line)
+    if repeats < 2:
+        lines.append(f"{repeats} repeat per row: no point gets a spread, so no sentence below ranks two rows "
                      "(use at least 2)")
-    return LessonSizing(count, rounds, {"dtypes": dtypes, "batch_sizes": sizes, "others_at": others_at,
-                                        "skipped": skipped}, lines)
+    return LessonSizing(count or POOL, repeats, {"dtypes": dtypes, "batch_sizes": sizes, "rows": rows,
+                                                 "per_point": count, "skipped": skipped}, lines)

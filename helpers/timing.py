@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,10 +61,12 @@ def best_seconds(call: Callable[[], object], device: torch.device | str | None, 
 
 @dataclass
 class Timing:
-    """Several synchronised runs of one thing: ``median`` is the figure to quote, ``low``-``high`` its spread."""
+    """Several synchronised runs of one thing: ``median`` is the figure to quote, ``low``-``high`` its spread;
+    ``results``: what each timed run returned (``compare`` keeps them), in order."""
 
     name: str
     seconds: list[float]
+    results: list = field(default_factory=list, repr=False)
 
     @property
     def median(self) -> float:
@@ -86,7 +88,7 @@ def compare(calls: dict[str, Callable[[], object]], device: torch.device | str |
             warmup: int = 1) -> dict[str, Timing]:
     """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating
     order (first to last, then last to first), so a machine that speeds up or slows down during the run weighs on
-    every thing alike. Every run is synchronised with ``device``."""
+    every thing alike. Every run is synchronised with ``device``; each ``Timing`` keeps what its runs returned."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     if not calls:
@@ -94,14 +96,15 @@ def compare(calls: dict[str, Callable[[], object]], device: torch.device | str |
     for call in calls.values():
         for _ in range(warmup):
             call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    timings = {name: Timing(name, []) for name in calls}
     names = list(calls)
     for repeat in range(repeats):
         for name in names if repeat % 2 == 0 else names[::-1]:
             with Stopwatch(device) as clock:
-                calls[name]()
-            times[name].append(clock.seconds)
-    return {name: Timing(name, seconds) for name, seconds in times.items()}
+                result = calls[name]()
+            timings[name].seconds.append(clock.seconds)
+            timings[name].results.append(result)
+    return timings
 
 
 def within_noise(a: Timing, b: Timing) -> bool:

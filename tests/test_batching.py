@@ -45,6 +45,23 @@ def test_sorting_pads_less_than_arbitrary_order():
     assert global_padding_factor([10, 30]) == pytest.approx(1.5)
 
 
+def test_some_batches_of_a_plan_report_their_own_padding():
+    lengths = [10, 400, 12, 390, 11, 405, 9, 380]
+    plan = plan_batches(lengths, "sorted", 2)
+    some = padding_report(lengths, plan[:1])  # [405, 400]: 5 tokens of padding
+    assert (some.real_tokens, some.processed_tokens, some.n_batches) == (805, 810, 1)
+
+
+def test_a_run_records_each_batch_with_its_seconds_in_the_order_they_ran(tiny_qwen):
+    model, tokenizer, _ = tiny_qwen
+    prompts = [build_prompt(tokenizer, text) for text in ["short", "a much longer ticket " * 8, "medium length " * 3]]
+    result = score_batched(model, tokenizer, LabelScorer(tokenizer, LABELS), prompts, "sorted", batch_size=2,
+                           progress=False)
+    assert result.info["batches"] == [[1, 2], [0]], "longest first, input positions"
+    assert len(result.info["batch_seconds"]) == 2 and all(t > 0 for t in result.info["batch_seconds"])
+    assert sum(result.info["batch_seconds"]) <= result.info["seconds"]
+
+
 def test_bad_batching_arguments_are_refused():
     with pytest.raises(ValueError, match="list of items is empty"):
         plan_batches([], "sorted")

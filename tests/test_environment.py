@@ -53,12 +53,27 @@ def test_old_torch_is_a_problem(monkeypatch):
     assert problem.startswith("torch: 2.3.1 is too old") and '"torch>=2.6"' in problem, problem
 
 
-@pytest.mark.parametrize("package", ["gguf", "pandas", "matplotlib", "tqdm", "ipywidgets"])
+@pytest.mark.parametrize("package", ["gguf", "pandas", "matplotlib", "tqdm"])
 def test_a_missing_notebook_package_is_a_problem_naming_it(monkeypatch, package):
     pretend_versions(monkeypatch, **{package: None})
     (problem,) = problem_lines()
     assert problem.startswith(f"{package}: not installed"), problem
     assert f"-m pip install -U \"{package}>=" in problem, problem
+
+
+def test_missing_widgets_only_warn_even_for_the_commands(monkeypatch):
+    """tqdm falls back to text bars; forcing ipywidgets onto a hosted kernel is what breaks its session."""
+    pretend_versions(monkeypatch, ipywidgets=None)
+    report = check_environment(commands=True)
+    assert any(line.strip().startswith("WARNING  ipywidgets: not installed") for line in report.splitlines()), report
+
+
+def test_a_package_install_runs_its_commands_without_the_notebook_tools(monkeypatch):
+    """Outside a course checkout (pip install of the package on a GPU box) papermill only warns, even for check."""
+    monkeypatch.setattr("helpers.outputs._repository_root", lambda: None)
+    pretend_versions(monkeypatch, papermill=None)
+    report = check_environment(commands=True)
+    assert any(line.strip().startswith("WARNING  papermill: not installed") for line in report.splitlines()), report
 
 
 def test_what_a_lesson_does_not_need_only_warns_there(monkeypatch):

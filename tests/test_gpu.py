@@ -62,8 +62,8 @@ def test_every_path_agrees_with_the_loop_on_the_gpu(on_gpu, strategy, batch_size
 
 
 def test_the_benchmark_runs_two_strategies_on_the_gpu():
-    frame = run_benchmark("embedded", n=8, shots=2, batch_sizes=[4], strategies=["loop", "sorted_prefix"],
-                          dtypes=["float32", FAST], repeats=1, device=ACCELERATOR, progress=False)
+    frame = run_benchmark("embedded", shots=2, batch_sizes=[4], strategies=["loop", "sorted_prefix"],
+                          dtypes=["float32", FAST], repeats=1, device=ACCELERATOR, progress=False, min_tickets=8)
     assert set(frame["device"].str.split(":").str[0]) == {ACCELERATOR}
     float32 = frame[frame["dtype"] == "float32"]
     assert (float32["agreement"] == 1.0).all() and (float32["max_abs_diff"] <= 1e-3).all(), float32

@@ -21,19 +21,22 @@ def test_no_preset_leaves_every_parameter_as_it_is(monkeypatch):
 def test_the_environment_or_the_notebook_turns_it_on_and_what_you_set_wins(monkeypatch, capsys):
     monkeypatch.delenv("SLM_MODEL", raising=False)
     monkeypatch.setenv(PRESET_ENV, "workshop")
-    chosen = apply_preset("04", None, MODEL=None, N_TICKETS=None, DTYPES=None)
-    assert chosen == dict(MODEL="embedded", N_TICKETS=12, DTYPES=["float32"])
-    assert capsys.readouterr().out.strip() == "workshop preset: MODEL='embedded', N_TICKETS=12, DTYPES=['float32']"
-    mine = apply_preset("04", None, MODEL=None, N_TICKETS=40, DTYPES=None)
+    chosen = apply_preset("02", None, MODEL=None, N_TICKETS=None)
+    assert chosen == dict(MODEL="embedded", N_TICKETS=8)
+    assert capsys.readouterr().out.strip() == "workshop preset: MODEL='embedded', N_TICKETS=8"
+    mine = apply_preset("02", None, MODEL=None, N_TICKETS=40)
     assert mine["N_TICKETS"] == 40 and mine["MODEL"] == "embedded"
     assert "yours kept: N_TICKETS: 40" in capsys.readouterr().out
+    sweep = apply_preset("04", None, MODEL=None, TICKETS_PER_POINT=None, BATCH_SIZES=None, DTYPES=None)
+    assert sweep == dict(MODEL="embedded", TICKETS_PER_POINT=8, BATCH_SIZES=[1, 2, 4, 8, 16, 32], DTYPES=["float32"])
+    capsys.readouterr()
     monkeypatch.setenv("SLM_MODEL", "twin:qwen2.5-0.5b")  # MODEL = None means $SLM_MODEL: the reader's choice
-    assert apply_preset("04", None, MODEL=None, N_TICKETS=None, DTYPES=None)["MODEL"] is None
+    assert apply_preset("02", None, MODEL=None, N_TICKETS=None)["MODEL"] is None
     assert "yours kept: MODEL: $SLM_MODEL='twin:qwen2.5-0.5b'" in capsys.readouterr().out
     monkeypatch.delenv("SLM_MODEL")
     monkeypatch.delenv(PRESET_ENV)
-    chosen = apply_preset("03", "workshop", MODEL=None, N_TICKETS=None, verbose=False)
-    assert chosen["N_TICKETS"] == WORKSHOP["03"]["N_TICKETS"]
+    chosen = apply_preset("03", "workshop", MODEL=None, N_TICKETS=None, RACE_BATCH=None, verbose=False)
+    assert chosen["N_TICKETS"] == WORKSHOP["03"]["N_TICKETS"] and chosen["RACE_BATCH"] == WORKSHOP["03"]["RACE_BATCH"]
 
 
 def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
@@ -43,7 +46,7 @@ def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
     with pytest.raises(ValueError, match="unknown preset 'Workshop' in PRESET"):
         apply_preset("01", "Workshop", MODEL=None)
     with pytest.raises(ValueError, match="lesson 04 did not pass DTYPES to apply_preset"):
-        apply_preset("04", "workshop", MODEL=None, N_TICKETS=None)
+        apply_preset("04", "workshop", MODEL=None, TICKETS_PER_POINT=None, BATCH_SIZES=None)
     with pytest.raises(ValueError, match="has no lesson '07'"):
         apply_preset("07", "workshop", MODEL=None)
 

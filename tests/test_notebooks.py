@@ -26,9 +26,10 @@ SMALL = {
 # estimates it and says so. bfloat16 code paths are covered by the benchmark tests; the notebook runs float32 only.
 PER_NOTEBOOK = {
     "01_constrained_output": {"N_TICKETS": 8},
-    "03_length_bucketing": {"N_TICKETS": 6, "N_PROBES": 3},
-    "04_benchmarks": {"DTYPES": ["float32"], "N_TICKETS": 4, "BATCH_SIZES": [2, 4], "OTHERS_AT": 2, "SHOTS": 1,
-                      "REPEATS": 2},  # 2: the summary's spread-dependent sentences run
+    "03_length_bucketing": {"N_TICKETS": 6, "N_PROBES": 3, "RACE_BATCH": 2, "ARTICLE_BATCH": None,
+                            "TICKETS_PER_POINT": 4, "DEMO_SHOTS": 3},
+    "04_benchmarks": {"DTYPES": ["float32"], "TICKETS_PER_POINT": 4, "BATCH_SIZES": [1, 2], "OTHERS_AT": 2,
+                      "SHOTS": 1, "REPEATS": 2},  # 2: the summary's spread-dependent sentences run
     "01_solutions": {"N_TICKETS": 12},
     "03_solutions": {"N_TICKETS": 6},
     "04_solutions": {"N_TICKETS": 4, "SHOTS": 1, "TWINS": ["embedded"]},  # exercise 2: another model than MODEL
@@ -135,7 +136,8 @@ def test_notebook_is_stored_without_outputs(notebook):
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_runs_at_small_size(notebook, tmp_path):
     declared = papermill.inspect_notebook(str(notebook))
-    assert "MODEL" in declared and "N_TICKETS" in declared, f"{notebook.name}: parameters cell is missing knobs"
+    assert "MODEL" in declared and ("N_TICKETS" in declared or "TICKETS_PER_POINT" in declared), \
+        f"{notebook.name}: parameters cell is missing knobs"
     sized = not notebook.stem.startswith("00")
     if sized:
         assert "TIME_BUDGET_S" in declared, f"{notebook.name}: no time budget parameter"
@@ -149,7 +151,7 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
         explicit = "N_TICKETS" in PER_NOTEBOOK.get(notebook.stem, {})
         reasons = (("tickets: set explicitly (estimated",) if explicit else
                    ("tickets: the fewest that keep the lesson visible", "within the 5 s budget",
-                    "below this lesson's floor"))
+                    "below this lesson's floor", "each point at least"))
         assert any(why in printed for why in reasons), \
             f"{notebook.name}: the notebook must say how many tickets it chose and why"
 

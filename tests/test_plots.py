@@ -126,36 +126,33 @@ def test_bad_lengths_are_refused_with_one_line(tmp_path, bad):
 
 def _bench_rows():
     rows = []
-    for strategy, rates in (("sorted", [2.0, 3.0, 4.0, 4.2, 4.3]), ("sorted_prefix", [3.0, 5.0, 7.0, 8.0, 8.1])):
-        for size, rate in zip([2, 4, 8, 16, 32], rates):
-            rows.append({"strategy": strategy, "batch_size": size, "items_per_s": rate, "items_per_s_min": rate * 0.95,
-                         "items_per_s_max": rate * 1.05})
-    rows.append({"strategy": "loop", "batch_size": 1, "items_per_s": 1.5, "items_per_s_min": 1.4, "items_per_s_max": 1.6})
-    frame = pd.DataFrame(rows).assign(dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=64,
-                                      shots=6)
-    frame.attrs["predicted_knee"] = {"sorted": 3.0, "sorted_prefix": 9.5}
-    return frame
+    for strategy, loop, rates in (("sorted", "loop", [1.5, 2.0, 3.0, 4.0, 4.2, 4.3]),
+                                  ("sorted_prefix", "loop_prefix", [2.0, 3.0, 5.0, 7.0, 8.0, 8.1])):
+        for size, rate in zip([1, 2, 4, 8, 16, 32], rates):
+            rows.append({"strategy": loop if size == 1 else strategy, "batch_size": size, "items_per_s": rate,
+                         "items_per_s_min": rate * 0.95, "items_per_s_max": rate * 1.05, "tokens_per_s": 100 * rate,
+                         "padding_fraction": 0.002 * size, "plan_padding": 0.003 * size, "predicted_items_per_s": rate})
+    rows.append({"strategy": "arbitrary", "batch_size": 8, "items_per_s": 1.0, "items_per_s_min": 0.9,
+                 "items_per_s_max": 1.1, "tokens_per_s": 60.0, "padding_fraction": 0.5, "plan_padding": 0.45})
+    return pd.DataFrame(rows).assign(dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=600,
+                                     shots=3, repeats=2)
 
 
-def test_throughput_figure_has_error_bars_the_predicted_knees_and_names_a_winner_only_beyond_noise(tmp_path):
+def test_throughput_figure_has_three_panels_error_bars_and_says_a_curve_rose_only_beyond_its_spread(tmp_path):
     from helpers.plots import plot_throughput_vs_batch
 
     frame = _bench_rows()
     fig, path = plot_throughput_vs_batch(frame, path=tmp_path / "t.png")
-    ax = fig.axes[0]
+    rate, tokens, padding = fig.axes[:3]
     assert path.exists()
-    assert len(ax.containers) == 2, "one errorbar series per swept strategy"
-    assert sorted(round(line.get_xdata()[0], 1) for line in ax.get_lines() if line.get_linestyle() == ":") == [3.0, 9.5]
-    assert "within noise of 1 other row" in title_of(fig)  # 8.1 vs 8.0, 5 % spreads
-    apart = frame.assign(items_per_s_max=frame["items_per_s"] * 1.01, items_per_s_min=frame["items_per_s"] * 0.99)
-    apart.loc[apart["items_per_s"] == 8.1, ["items_per_s", "items_per_s_min", "items_per_s_max"]] = [9.0, 8.9, 9.1]
-    apart.attrs = frame.attrs
-    fig, _ = plot_throughput_vs_batch(apart, path=tmp_path / "u.png")
-    assert "beyond every other row's spread" in title_of(fig)
-    single = apart.assign(repeats=1, items_per_s_min=apart["items_per_s"], items_per_s_max=apart["items_per_s"])
-    single.attrs = frame.attrs
+    assert len(rate.containers) == 3, "one errorbar series per swept strategy, and arbitrary order's point"
+    assert "tokens" in tokens.get_ylabel() and "padding" in padding.get_ylabel()
+    assert [t.get_text() for t in padding.get_xticklabels()] == ["1", "2", "4", "8", "16", "32"], "batch 1: the loops"
+    assert "sorted + prefix rose 4.05x from batch 1 to its best at 32, beyond the spread" in title_of(fig), title_of(fig)
+    assert "within noise of the best from batch 16" in title_of(fig)  # 8.0 and 8.1 overlap with 5 % spreads
+    single = frame.assign(repeats=1, items_per_s_min=frame["items_per_s"], items_per_s_max=frame["items_per_s"])
     fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
-    assert "no spread to rank by" in title_of(fig) and "beyond" not in title_of(fig), \
+    assert "no spread to judge by" in title_of(fig) and "beyond" not in title_of(fig), \
         "one run per row has no spread: the title ranks nothing"
     plt.close("all")
 
@@ -163,23 +160,22 @@ def test_throughput_figure_has_error_bars_the_predicted_knees_and_names_a_winner
 # --- figure details an instructor puts on screen ---
 
 
-def test_a_saturation_mark_beyond_the_measured_curve_is_not_drawn_as_measured(tmp_path):
-    from types import SimpleNamespace
-
+def test_the_saturation_figure_draws_one_long_sequence_beside_batched_rows_and_says_what_batching_gains(tmp_path):
     from helpers.plots import plot_saturation
-    from helpers.profile import MachineProfile
+    from tests.test_profile import synthetic
 
-    curve = [(1, 100.0), (16, 1000.0), (256, 4000.0), (1024, 5000.0)]
-    profile = SimpleNamespace(prefill=curve, decode={1: 20.0, 32: 400.0}, decode_context=64, peak_tokens_per_s=5000.0,
-                              model="m", dtype="float32", caption=lambda: "machine",
-                              tokens_per_s=lambda n: MachineProfile.tokens_per_s(SimpleNamespace(prefill=curve), n))
-    fig, path = plot_saturation(profile, {"one median ticket": 96, "32 median tickets": 3072}, path=tmp_path / "s.png")
+    profile = synthetic(per_key=2e-6)
+    fig, path = plot_saturation(profile, 96, path=tmp_path / "s.png")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert any(label.startswith("one median ticket: 96 tokens,") and "of peak" in label for label in labels), labels
-    assert "32 median tickets: 3072 tokens, beyond the measured curve (it stops at 1024)" in labels, labels
-    assert "32 median tickets lie beyond the measured curve" in title_of(fig)
-    assert not ax.texts, "the marks are in the legend: no annotations to overprint"
+    assert any(label.startswith("one sequence of n tokens") for label in labels), labels
+    assert any(label.startswith("rows of 96 tokens per call, 1 to 32 rows") for label in labels), labels
+    assert any(label.startswith("32 median tickets in one call: 3072 tokens,") and "batched" in label for label in labels)
+    assert f"32 median rows in one call run {profile.batching_gain(32):.2f}x the tokens/s of one row" in title_of(fig)
+    beyond = synthetic()
+    beyond.batched = beyond.batched[:3]  # measured to 4 rows only
+    fig, _ = plot_saturation(beyond, 96, path=tmp_path / "b.png")
+    assert any("beyond the batched curve" in label for label in fig.axes[0].get_legend_handles_labels()[1])
     plt.close("all")
 
 
@@ -223,7 +219,6 @@ def test_the_ladder_has_error_bars_and_the_roof_figure_its_kernel_ceilings(tmp_p
     fig, _ = plot_ladder(close, "caption", path=tmp_path / "m.png")
     assert "within noise of 'constrained loop'" in title_of(fig), title_of(fig)
     frame = _bench_rows().assign(dtype="float32", roof_fraction=0.3, kernel_ceiling=0.5, compiled=False)
-    frame.attrs = _bench_rows().attrs
     fig, _ = plot_roof_fraction(frame, path=tmp_path / "r.png")
     ceilings = [c for c in fig.axes[0].collections if c.get_label().startswith("kernel ceiling")]
     assert ceilings and len(ceilings[0].get_segments()) == frame["strategy"].nunique()
