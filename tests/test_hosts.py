@@ -157,3 +157,22 @@ def test_classify_on_a_model_without_a_chat_template_says_so_and_verifies(base_m
     assert code == 0, err
     assert "its tokenizer has no chat template (a base model?): plain prompts" in err, err
     assert "verified 12 random rows against the one-at-a-time reference: all agree" in err, err
+
+
+def test_the_notebook_sweep_leaves_out_a_row_whose_warm_up_runs_out_of_memory(monkeypatch, capsys):
+    """Notebook 04's loop: its strategy's largest size goes, with the sizes above it; the next size down warms up."""
+    warmed = []
+
+    def warm_up(model, tokenizer, scorer, prompts, draw, prefix=None):
+        warmed.append(draw)
+        if draw[0] == "sorted" and draw[1] >= 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return 0.1
+
+    monkeypatch.setattr(bench, "warm_up", warm_up)
+    model = type("Model", (), {"device": torch.device("cpu")})()
+    rows = [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted", 16), ("sorted", 32), ("sorted_prefix", 32)]
+    kept = bench.warm_up_fitting(model, None, None, [], {row: row for row in rows}, dict.fromkeys(rows), rows)
+    assert kept == [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted_prefix", 32)]
+    assert "sorted at batch 32: out of memory on cpu; left out (batch sizes 32)" in capsys.readouterr().out
+    assert ("sorted", 4) in warmed, "the next size down warmed up instead"

@@ -25,7 +25,7 @@ SMALL = {
 # batch sizes), the suite names a smaller count: every cell and assertion still runs, and the sizing cell still
 # estimates it and says so. bfloat16 code paths are covered by the benchmark tests; the notebook runs float32 only.
 PER_NOTEBOOK = {
-    "01_constrained_output": {"N_TICKETS": 8},
+    "01_constrained_output": {"N_TICKETS": 6},
     "03_length_bucketing": {"N_TICKETS": 6, "N_PROBES": 3, "RACE_BATCH": 2, "ARTICLE_BATCH": None,
                             "TICKETS_PER_POINT": 4, "DEMO_SHOTS": 3},
     "04_benchmarks": {"DTYPES": ["float32"], "TICKETS_PER_POINT": 4, "BATCH_SIZES": [1, 2], "OTHERS_AT": 2,

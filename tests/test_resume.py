@@ -39,64 +39,59 @@ def same_output(one: Path, two: Path) -> None:
     assert (a[PROBABILITIES].astype(float) - b[PROBABILITIES].astype(float)).abs().max().max() < 1e-4
 
 
+def stop(source, output, options, after, launcher=(sys.executable,)):
+    """Run classify in a new process and SIGKILL it once ``after`` batches have landed (kill_after_batches.py)."""
+    killed = subprocess.run([*launcher, str(KILLER), str(after), "classify", str(source), "--output", str(output),
+                             *options], env=ENV, capture_output=True, text=True, timeout=300)
+    assert killed.returncode != 0 and not output.exists(), killed.stderr[-2000:]
+    return resume.progress_files(output)
+
+
+def landed(files) -> int:
+    return sum(len(path.read_text().splitlines()) - 1 for path in files)
+
+
 @pytest.mark.parametrize("launcher", ["one_process", "two_processes"])
 def test_a_killed_run_resumes_and_ends_with_the_uninterrupted_output(tmp_path, capsys, launcher):
+    """Stopped with SIGKILL after 3 batches (under torchrun: rank 0 after 3 of its own), resumed as one process."""
     source, options = job(tmp_path)
     whole, stopped = tmp_path / "whole.csv", tmp_path / "stopped.csv"
     code, err = classify([str(source), "--output", str(whole), *options], capsys)
     assert code == 0, err
-    before = TORCHRUN + ["--master_port", "29561"] if launcher == "two_processes" else [sys.executable]
-    killed = subprocess.run([*before, str(KILLER), "3", "classify", str(source), "--output", str(stopped), *options],
-                            env=ENV, capture_output=True, text=True, timeout=300)
-    assert killed.returncode != 0 and not stopped.exists(), killed.stderr[-2000:]
-    files = resume.progress_files(stopped)
-    landed = sum(len(path.read_text().splitlines()) - 1 for path in files)
-    assert files and 3 * 4 <= landed < 40, (files, landed)
-    # Resumed as one process, whatever number of processes stopped.
+    before = (*TORCHRUN, "--master_port", "29561") if launcher == "two_processes" else (sys.executable,)
+    files = stop(source, stopped, options, 3, before)
+    done = landed(files)
+    assert files and 3 * 4 <= done < 40, (files, done)
+    if launcher == "one_process":  # killed mid-write instead: the torn last line is dropped, its row scored again
+        (path,) = files
+        text = path.read_text()
+        path.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:17])
+        done -= 1
     code, err = classify([str(source), "--output", str(stopped), *options, "--verify", "8"], capsys)
     assert code == 0, err
-    assert f"resuming: {landed} of 40 rows done" in err, err
-    assert f"({landed} resumed from a stopped run; the speed is this run's {40 - landed} rows)" in err, err
+    assert f"resuming: {done} of 40 rows done" in err, err
+    assert f"({done} resumed from a stopped run; the speed is this run's {40 - done} rows)" in err, err
     assert "verified 8 random rows" in err
     same_output(whole, stopped)
     assert not resume.progress_files(stopped), "the progress files go once the output holds every row"
 
 
-def test_a_torn_last_line_is_dropped_and_its_rows_scored_again(tmp_path, capsys):
-    source, options = job(tmp_path, rows=12)
-    whole, stopped = tmp_path / "whole.csv", tmp_path / "stopped.csv"
-    assert classify([str(source), "--output", str(whole), *options], capsys)[0] == 0
-    subprocess.run([sys.executable, str(KILLER), "2", "classify", str(source), "--output", str(stopped), *options],
-                   env=ENV, capture_output=True, text=True, timeout=300)
-    (path,) = resume.progress_files(stopped)
-    text = path.read_text()
-    path.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:17])  # killed mid-write
-    code, err = classify([str(source), "--output", str(stopped), *options], capsys)
-    assert code == 0, err
-    assert "resuming: 7 of 12 rows done" in err, err  # 2 batches of 4 landed, a line a row: the torn row is scored again
-    same_output(whole, stopped)
-
-
-@pytest.mark.parametrize("change, expected", [
-    (["--labels", "billing,technical,account,refund"], "the labels changed (were billing,technical,account, now "
-                                                       "billing,technical,account,refund)"),
-    (["--model", "twin:tiny-llama"], "the model changed (was 'twin:tiny-qwen2', now 'twin:tiny-llama')"),
-])
-def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_path, capsys, change, expected):
+def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_path, capsys):
     source, options = job(tmp_path, rows=12)
     stopped = tmp_path / "stopped.csv"
-    subprocess.run([sys.executable, str(KILLER), "1", "classify", str(source), "--output", str(stopped), *options],
-                   env=ENV, capture_output=True, text=True, timeout=300)
-    (path,) = resume.progress_files(stopped)
+    (path,) = stop(source, stopped, options, 1)
     kept = path.read_bytes()
-    changed = [*options]
-    flag = changed.index(change[0])
-    changed[flag + 1] = change[1]
-    code, err = classify([str(source), "--output", str(stopped), *changed], capsys)
-    assert code == 2
-    (line,) = err.strip().splitlines()
-    assert expected in line and "pass --overwrite to start again, or rerun with the original options" in line, line
-    assert path.read_bytes() == kept, "the progress stays as it was"
+    for flag, value, expected in (
+            ("--labels", "billing,technical,account,refund",
+             "the labels changed (were billing,technical,account, now billing,technical,account,refund)"),
+            ("--model", "twin:tiny-llama", "the model changed (was 'twin:tiny-qwen2', now 'twin:tiny-llama')")):
+        changed = [*options]
+        changed[changed.index(flag) + 1] = value
+        code, err = classify([str(source), "--output", str(stopped), *changed], capsys)
+        assert code == 2
+        (line,) = err.strip().splitlines()
+        assert expected in line and "pass --overwrite to start again, or rerun with the original options" in line, line
+        assert path.read_bytes() == kept, "the progress stays as it was"
     code, err = classify([str(source), "--output", str(stopped), *changed, "--overwrite"], capsys)
     assert code == 0 and "resuming" not in err, err
     assert not resume.progress_files(stopped)
