@@ -517,6 +517,7 @@ def run_benchmark(
         ordered.insert(0, "float32")
     for dtype in ordered:
         kept = len(rows)
+        model = compiled_model = None
         try:
             model, tokenizer, info = load_model(model_name, dtype=dtype, device=device, verbose=False, attention=attention)
             examples = few_shot_examples(shots)
@@ -613,7 +614,10 @@ def run_benchmark(
             if dtype == "float32":
                 raise
             del rows[kept:]  # a half dtype that overflows costs its own rows only
+            model = compiled_model = None
+            free_memory(pick_device(device))  # before the next dtype loads
             reason = str(error).splitlines()[0]
+            failed = [lost for lost in failed if lost["dtype"] != dtype]  # one line per row, this reason
             failed += [{"strategy": name, "batch_size": size, "dtype": dtype, "reason": reason} for name, size in planned]
             print(f"{dtype}: {reason}; its rows are left out, the others go on")
     frame = pd.DataFrame(rows)

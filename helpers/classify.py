@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import resume
-from .batching import STRATEGIES, score_batched
+from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .data import build_prompt, encode_prompt, uses_chat_template
 from .prefix_cache import PrefixCache
 from .scoring import (
@@ -509,14 +509,17 @@ def classify_file(
         examples, "plain" if plain else "chat",
         {"complete": scorer.complete, "method": scorer.method, "truncate": truncate})
 
+    def discard_other_jobs():
+        # --overwrite: progress of another job goes (start again); the same job's still resumes. Only the writer
+        # removes, and every process waits for it (_step) before reading.
+        if overwrite and main:
+            resume.remove_other_jobs(output, job)
+
     def progress_so_far():
         # Every process reads every progress file before any appends to its own: _step waits for all of them.
-        if overwrite:  # start again: nobody reads them, and only the writer removes them
-            if main:
-                resume.remove_progress(output)
-            return {}
         return resume.read_progress(output, job)
 
+    _step(state, discard_other_jobs)
     done = _step(state, progress_so_far)
     if done:
         tell(f"resuming: {len(done):,} of {len(table):,} rows done (progress files beside {output}); scoring the rest")
@@ -548,6 +551,8 @@ def classify_file(
             bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
 
             def landed(items, log_scores, full):
+                if torch.isnan(log_scores).any():  # never land a row as done that the run will reject
+                    raise NonFiniteScores(f"NaN scores for rows {[mine[j] + 1 for j in items][:10]}: check the dtype")
                 writer.append([mine[j] for j in items], log_scores.tolist(), full)
                 bar.update(len(items))
 

@@ -394,10 +394,10 @@ class MachineProfile:
 
     def in_dtype(self, dtype: str) -> MachineProfile:
         """This profile pricing calls in ``dtype``: a call's arithmetic (per token, per attention pair) scaled by the
-        float32 matmul throughput over ``dtype``'s; its fixed cost kept, since a launch-bound call (small calls on a
+        matmul throughput of the profile's own dtype over ``dtype``'s; its fixed cost kept, since a launch-bound call (small calls on a
         GPU) takes about as long in any dtype."""
-        base, other = self.matmul_gflops.get("float32"), self.matmul_gflops.get(dtype)
-        if dtype == "float32" or not base or not other:
+        base, other = self.matmul_gflops.get(self.dtype), self.matmul_gflops.get(dtype)
+        if dtype == self.dtype or not base or not other:  # the profile's own dtype: its calls as measured
             return self
         priced = dataclasses.replace(self)
         priced.__dict__["call_cost"] = self.call_cost.scaled(base / other)  # call_cost is a cached_property

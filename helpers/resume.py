@@ -8,14 +8,15 @@ dtype, the few-shot examples, the prompt format and the scoring options). Each f
 
 A rerun of the same job reads every progress file of the output, whatever number of processes wrote them, and
 scores only the rows they lack. A file of another job is refused in one line that names what changed, and left as
-it is. A line torn by a kill mid-write is dropped, so its row is scored again. The output is still written
-atomically at the end, from every row in input order; then the progress files are removed.
+it is. A line torn by a kill mid-write is dropped, so its row is scored again. ``--overwrite`` removes only another job's files: the same job's rows are still resumed. The output
+is still written atomically at the end, from every row in input order; then the progress files are removed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,6 +92,14 @@ def read_progress(output: Path, expected: dict) -> dict[int, tuple[list[float], 
     return done
 
 
+def remove_other_jobs(output: Path, expected: dict) -> None:
+    """Remove the progress files of ``output`` that belong to another job (``--overwrite``)."""
+    for path in progress_files(output):
+        lines = _complete_lines(path)
+        if lines and json.loads(lines[0]).get("fingerprint") != expected:
+            path.unlink(missing_ok=True)
+
+
 def remove_progress(output: Path) -> None:
     for path in progress_files(output):
         path.unlink(missing_ok=True)
@@ -101,9 +110,8 @@ class ProgressWriter:
 
     def __init__(self, output: Path, rank: int, expected: dict):
         self.path = progress_path(output, rank)
-        if self.path.exists():  # this rank's file from the stopped run: drop a torn last line, then append
-            kept = b"".join(line + b"\n" for line in _complete_lines(self.path))
-            self.path.write_bytes(kept)
+        if self.path.exists():  # this rank's file from the stopped run: cut a torn last line, then append
+            os.truncate(self.path, self.path.read_bytes().rfind(b"\n") + 1)
         if not self.path.exists() or not self.path.stat().st_size:
             self.path.write_text(json.dumps({"fingerprint": expected}) + "\n", encoding="utf-8")
         self.handle = open(self.path, "a", encoding="utf-8")

@@ -95,6 +95,31 @@ def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_p
     code, err = classify([str(source), "--output", str(stopped), *changed, "--overwrite"], capsys)
     assert code == 0 and "resuming" not in err, err
     assert not resume.progress_files(stopped)
+    # The same job's progress is resumed even with --overwrite (a command that replaces an older output keeps it).
+    stopped.unlink()
+    stop(source, stopped, options, 1)
+    code, err = classify([str(source), "--output", str(stopped), *options, "--overwrite"], capsys)
+    assert code == 0 and "resuming: 4 of 12 rows done" in err, err
+
+
+def test_a_batch_with_nan_scores_never_lands_as_done(tmp_path, capsys, monkeypatch):
+    """A half dtype that overflows on real prompts: the run stops in one line, and no NaN row waits to be resumed."""
+    import helpers.batching as batching
+
+    real, calls = batching.label_log_probs, []
+
+    def second_batch_nan(*args, **kwargs):
+        scores = real(*args, **kwargs)
+        calls.append(1)
+        return scores * float("nan") if len(calls) == 2 else scores
+
+    monkeypatch.setattr(batching, "label_log_probs", second_batch_nan)
+    source, options = job(tmp_path, rows=12)
+    out = tmp_path / "out.csv"
+    code, err = classify([str(source), "--output", str(out), *options], capsys)
+    assert code == 2 and "error: NaN scores for rows" in err, err
+    (path,) = resume.progress_files(out)
+    assert landed([path]) == 4 and "NaN" not in path.read_text(), "only the first batch landed"
 
 
 def test_a_progress_line_holds_its_row_its_scores_and_whether_it_ran_in_full(tmp_path):
