@@ -27,12 +27,12 @@ SMALL = {
 PER_NOTEBOOK = {
     "01_constrained_output": {"N_TICKETS": 6},
     "03_length_bucketing": {"N_TICKETS": 6, "N_PROBES": 3, "RACE_BATCH": 2, "ARTICLE_BATCH": None,
-                            "TICKETS_PER_POINT": 4, "DEMO_SHOTS": 3},
+                            "TICKETS_PER_POINT": 4, "DEMO_SHOTS": 3, "REPEATS": 2, "FEW_SHOT": 1},
     "04_benchmarks": {"DTYPES": ["float32"], "TICKETS_PER_POINT": 4, "BATCH_SIZES": [1, 2], "OTHERS_AT": 2,
                       "SHOTS": 1, "REPEATS": 2},  # 2: the summary's spread-dependent sentences run
     "01_solutions": {"N_TICKETS": 12},
     "03_solutions": {"N_TICKETS": 6},
-    "04_solutions": {"N_TICKETS": 4, "SHOTS": 1, "TWINS": ["embedded"]},  # exercise 2: another model than MODEL
+    "04_solutions": {"N_TICKETS": 4, "SHOTS": 1, "TWINS": ["embedded"], "N_FORCED": 2},  # exercise 2: another model than MODEL
 }
 
 
