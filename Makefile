@@ -50,7 +50,7 @@ notebooks: setup
 	@echo "Executed notebooks and their figures are in $(RUNS)/"
 
 # The workshop preset (helpers/lessons.py): every lesson on the embedded model with the reference run's sizes, the same
-# on every attendee's machine. In JupyterLab: make lab with SLM_PRESET=workshop set, or PRESET = "workshop" in a notebook.
+# on every attendee's machine. In JupyterLab: make lab with SLM_PRESET=workshop set, or OPTIONS = {"PRESET": "workshop"} in a lesson.
 workshop:
 	$(MAKE) notebooks SLM_PRESET=workshop
 

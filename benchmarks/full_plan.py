@@ -5,7 +5,7 @@ once, in the same process; the script prints both and whether the full run lies 
     python benchmarks/full_plan.py                                   # the defaults below: about 10 minutes on 2 cores
     python benchmarks/full_plan.py --rows loop:1:0,sorted:32:0 --repeats 4
 
-A row is strategy:batch size:shots (the strategies of ``helpers.bench.STRATEGIES``). The defaults are the
+A row is strategy:batch size:shots (the strategies of ``helpers.rows.STRATEGIES``). The defaults are the
 article's headline (zero-shot, the loop against sorted batches of 32, notebook 03) and notebook 04's 3-shot rows
 with the prefix cache, at batch 1 and at the batch size its sweep found best on a 2-core CPU (8).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from helpers.bench import STRATEGIES, row_draw, score_draw, warm_up
+from helpers.rows import STRATEGIES, row_draw, score_draw, warm_up
 from helpers.batching import score_batched
 from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
 from helpers.models import load_model

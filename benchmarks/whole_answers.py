@@ -19,7 +19,9 @@ from helpers.batching import score_batched
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 from helpers.prefix_cache import PrefixCache
-from helpers.scoring import LabelScorer, LabelScores, assert_agrees, mcnemar_exact, score_one_by_one, wilson_interval
+from helpers.scoring import LabelScorer, LabelScores, score_one_by_one
+from helpers.stats import mcnemar_exact, wilson_interval
+from helpers.agreement import assert_agrees
 
 REPEATS = 3  # timed runs per variant, alternating which goes first
 

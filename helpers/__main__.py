@@ -26,11 +26,10 @@ def add_bench_parser(commands) -> None:
         DEFAULT_REPEATS,
         DEFAULT_STRATEGIES,
         EXTRA_STRATEGIES,
-        STRATEGIES,
-        SWEEP_STRATEGIES,
     )
-    from .models import DEVICES
-    from .sweep import MIN_TICKETS, POOL
+    from .rows import STRATEGIES
+    from .devices import DEVICES
+    from .sweep import MIN_TICKETS, POOL, SWEEP_STRATEGIES
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
     bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
@@ -102,7 +101,7 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
-    from .models import DEVICES
+    from .devices import DEVICES
 
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     classify.add_argument("input", help="a .csv or .jsonl file")
@@ -165,6 +164,13 @@ def run_check(args) -> int:
     return 0
 
 
+def run_costs(args) -> int:
+    from .costs import regenerate
+
+    print(f"wrote {regenerate(args.only)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -174,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import bootstrap
 
     bootstrap.add_parser(commands)
+    costs = commands.add_parser("costs", help="record the lessons' forward calls again: their cost record (helpers.costs)")
+    costs.add_argument("--only", nargs="+", default=None, metavar="LESSON", help="these lessons only, e.g. --only 01 03")
     args = parser.parse_args(argv)
     try:
         return {"check": run_check, "bench": run_bench, "classify": run_classify,
-                "setup-cells": bootstrap.run}[args.command](args)
+                "setup-cells": bootstrap.run, "costs": run_costs}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         _settle_processes(error)

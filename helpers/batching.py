@@ -24,11 +24,13 @@ STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
 
 class NonFiniteScores(RuntimeError):
-    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it)."""
+    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it). Notebook 03, section 8."""
 
 
 @dataclass
 class PaddingReport:
+    """Real and processed (padded) tokens of some batches, and the share that was padding. Notebook 03, section 4."""
+
     real_tokens: int
     processed_tokens: int
     n_batches: int
@@ -61,6 +63,7 @@ def plan_batches(
     rows x (``tokens_per_row`` + longest row) within ``token_budget``; a single item over the budget
     runs alone. ``tokens_per_row`` is what every row holds besides its own tokens: with the prefix
     cache, the prefix's keys and values, expanded to every row of the batch.
+    Notebook 03, section 4.
     """
     n = len(lengths)
     if n == 0:
@@ -95,19 +98,19 @@ def plan_batches(
 
 
 def padding_report(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> PaddingReport:
-    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches)."""
+    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches). Notebook 03, section 4."""
     processed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
     real = sum(lengths[i] for batch in batches for i in batch)
     return PaddingReport(int(real), int(processed), len(batches))
 
 
 def global_padding_factor(lengths: Sequence[int]) -> float:
-    """Processed / real tokens when everything is padded to the longest item."""
+    """Processed / real tokens when everything is padded to the longest item. Notebook 00, section 3."""
     return len(lengths) * max(lengths) / sum(lengths)
 
 
 def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
-    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row."""
+    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row. Notebook 03, section 4."""
     return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
 
 
@@ -134,6 +137,7 @@ def score_batched(
     not start with the prefix at all always stops it: the cache was built for other prompts.
     ``on_batch(items, log_scores, full)``: called as each batch finishes, with its input positions, their scores and
     whether they ran in full (``classify`` lands them in its progress file).
+    Notebook 03, section 3.
     """
     if len(prompts) == 0:
         raise ValueError("no prompts to score")

@@ -111,7 +111,7 @@ VARIED_FILLERS = [
 
 
 def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
-    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]."""
+    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, sections 3-4."""
     rng = np.random.default_rng(seed)
     return np.clip(rng.lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
 
@@ -146,6 +146,7 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
     """Deterministic synthetic tickets: columns ``id, text, label, n_words``.
 
     Label ``i mod 3`` for ticket ``i`` in both styles, so any prefix of the set is balanced.
+    Notebook 00, sections 3-4.
     """
     if n < 1:
         raise ValueError(f"make_tickets needs n >= 1, got n={n}")
@@ -186,14 +187,14 @@ FEW_SHOT_EXAMPLES: list[tuple[str, str]] = [
 
 
 def few_shot_examples(k: int) -> list[tuple[str, str]]:
-    """The first ``k`` curated examples (balanced across labels for k a multiple of 3)."""
+    """The first ``k`` curated examples (balanced across labels for k a multiple of 3). Notebook 00, sections 3-4."""
     if not 0 <= k <= len(FEW_SHOT_EXAMPLES):
         raise ValueError(f"k must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {k}")
     return FEW_SHOT_EXAMPLES[:k]
 
 
 def system_message(labels: Sequence[str] = LABELS, descriptions: dict[str, str] | None = None) -> str:
-    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``)."""
+    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``). Notebook 00, sections 3-4."""
     text = SYSTEM_PROMPT.format(labels=", ".join(labels))
     if descriptions:
         text += "".join(f"\n- {label}: {descriptions[label]}" for label in labels if label in descriptions)
@@ -206,7 +207,7 @@ def build_messages(
     examples: Sequence[tuple[str, str]] = (),
     descriptions: dict[str, str] | None = None,
 ) -> list[dict[str, str]]:
-    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket."""
+    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket. Notebook 00, sections 3-4."""
     messages = [{"role": "system", "content": system_message(labels, descriptions)}]
     for text, label in examples:
         messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=text)})
@@ -221,7 +222,7 @@ PLAIN_DELIMITER = " "
 
 def uses_chat_template(tokenizer) -> bool:
     """Whether prompts go through the tokenizer's chat template; a base model's (or a classifier saved without
-    one) get plain prompts (``plain_prompt``)."""
+    one) get plain prompts (``plain_prompt``). Notebook 00, sections 3-4."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -234,7 +235,7 @@ def plain_prompt(
 ) -> str:
     """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its
     label after "Category:", then the ticket, ending at "Category:" (the label follows after ``PLAIN_DELIMITER``).
-    Starts with the tokenizer's BOS token where it has one, as the model saw text in training."""
+    Starts with the tokenizer's BOS token where it has one, as the model saw text in training. Notebook 00, sections 3-4."""
     parts = [system_message(labels, descriptions)]
     parts += [USER_TEMPLATE.format(ticket=text) + PLAIN_DELIMITER + label for text, label in examples]
     parts.append(USER_TEMPLATE.format(ticket=ticket))
@@ -249,7 +250,7 @@ def build_prompt(
     descriptions: dict[str, str] | None = None,
 ) -> str:
     """The full prompt text through the tokenizer's chat template, generation prompt included; a plain prompt
-    (``plain_prompt``) where the tokenizer has no template."""
+    (``plain_prompt``) where the tokenizer has no template. Notebook 00, sections 3-4."""
     if not uses_chat_template(tokenizer):
         return plain_prompt(tokenizer, ticket, labels, examples, descriptions)
     return tokenizer.apply_chat_template(
@@ -259,7 +260,7 @@ def build_prompt(
 
 def answer_tokens(tokenizer, label: str) -> list[int]:
     """A label's tokens as they follow the prompt: right after the chat template's generation prompt, or, in a plain
-    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word)."""
+    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word). Notebook 00, sections 3-4."""
     if uses_chat_template(tokenizer):
         return tokenizer(label, add_special_tokens=False)["input_ids"]
     context = tokenizer(USER_TEMPLATE.format(ticket="x"), add_special_tokens=False)["input_ids"]
@@ -270,10 +271,10 @@ def answer_tokens(tokenizer, label: str) -> list[int]:
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a templated prompt. The template already holds the special tokens."""
+    """Token ids of a templated prompt. The template already holds the special tokens. Notebook 00, sections 3-4."""
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads)."""
+    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads). Notebook 00, sections 3-4."""
     return tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if len(prompts) else []

@@ -11,12 +11,19 @@ import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .plots import SEGMENT_COLOURS, finish, set_title
+from .plots import caption, finish, set_title
+
+
+SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
+
+
+# Ticket tokens are orange in every figure (SEGMENT_COLOURS); neighbouring batches alternate two shades of it.
+BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 
 
 def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: str, path="generate_vs_score.png",
                            title: str | None = None, answer: str | None = None, score_tokens: int | None = None):
-    """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.scoring.generation_steps``:
+    """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.generation.generation_steps``:
     input tokens, the token it chose and its probability) above scoring's single pass. Right: what that single pass
     gives, every label's probability. ``answer``: the generated text as the parser sees it (default: the tokens
     joined); ``score_tokens``: what the scoring pass processes (default: the prompt; add the label tokens appended
@@ -137,3 +144,117 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
                  "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)")
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, caption_text, path)
+
+
+def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_batches.png", title: str | None = None):
+    """Each plan's batches as rectangles, in the order they run: a row per ticket, real tokens coloured, the
+    left padding grey (what a padded batch computes for nothing). One panel per plan, same scale."""
+    from .batching import padding_report
+
+    fig, axes = plt.subplots(1, len(plans), figsize=(4.5 * len(plans), 5), sharex=True, squeeze=False)
+    shares = {}
+    for ax, (name, plan) in zip(axes[0], plans.items()):
+        y = 0
+        for k, batch in enumerate(plan):
+            width = max(lengths[i] for i in batch)
+            for i in batch:
+                pad = width - lengths[i]
+                ax.barh(y, pad, left=0, height=1, color="0.8", edgecolor="none")
+                ax.barh(y, lengths[i], left=pad, height=1, color=BATCH_SHADES[k % 2], edgecolor="none")
+                y += 1
+            y += 1  # a gap between batches
+        shares[name] = padding_report(lengths, plan).padding_fraction
+        ax.set_title(f"{name}: {shares[name]:.0%} padding", fontsize=9)
+        ax.set_ylim(y, -1)
+        ax.set_yticks([])
+        ax.set_xlabel("tokens (grey: padding, on the left; orange: ticket tokens,\nbatches in alternating shades)")
+    axes[0][0].set_ylabel(f"tickets, in batches of up to {max(len(b) for plan in plans.values() for b in plan)} rows")
+    if title is None:
+        (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
+        title = f"Padded batches: {a} {pa:.0%} padding, {b} {pb:.0%}"
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: str, row: int | None = None,
+                         path="batch_attention.png", title: str | None = None):
+    """A left-padded batch on top of a cached prefix. Left: every row's keys coloured by what they are (prefix,
+    padding, ticket, label tokens). Right: for one row, which keys each of its queries sees (``seen`` from
+    ``helpers.scoring.visible_keys``), coloured by the key's kind; white is masked."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    names = list(SEGMENT_COLOURS)
+    batch, width = mask.shape
+    kinds = np.zeros((batch, past_length + width), dtype=int)  # 0 prefix
+    kinds[:, past_length:] = np.where(mask.numpy() == 1, 2, 1)  # 2 ticket, 1 padding
+    if tail:
+        kinds[:, past_length + width - tail:] = 3
+    cmap = ListedColormap([SEGMENT_COLOURS[n] for n in names] + ["white"])
+    if row is None:
+        row = int((mask == 0).sum(-1).argmax())  # the most padded row shows the most
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    left.imshow(kinds, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
+    left.set_xlabel("key positions: the cached prefix, then each row's padded suffix")
+    left.set_ylabel("row of the batch")
+    left.set_yticks(range(batch))
+    left.set_title("what each row holds", fontsize=9)
+    # The right panel starts a few keys before the prefix ends: the rest of the prefix looks the same.
+    start = max(0, past_length - 12)
+    picture = np.where(seen[row].numpy(), kinds[row][None, :], len(names))[:, start:]
+    right.imshow(picture, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest",
+                 extent=(start - 0.5, past_length + width - 0.5, width - 0.5, -0.5))
+    right.set_xlabel(f"keys from position {start} (white: masked)")
+    right.set_ylabel(f"queries of row {row} (its padded suffix)")
+    right.set_title(f"what row {row}'s tokens may attend to", fontsize=9)
+    if tail:
+        for ax, y in ((left, batch - 0.5), (right, width - 0.5)):
+            ax.annotate(f"{tail} label token(s)", (past_length + width - tail, y), xytext=(-20, 25),
+                        textcoords="offset points", ha="right", fontsize=8, color="C2", arrowprops={"arrowstyle": "->", "color": "C2"})
+    handles = [plt.Rectangle((0, 0), 1, 1, color=SEGMENT_COLOURS[n]) for n in names]
+    right.legend(handles, names, loc="upper right", fontsize=8)
+    pads = int((mask[row] == 0).sum())
+    if title is None:
+        title = (f"A left-padded batch of {batch} on a {past_length}-token cached prefix: row {row}'s {pads} padding "
+                 f"tokens are seen by no query; the prefix by every one")
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    return fig, finish(fig, caption_text, path)
+
+
+def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png",
+                      names=None, title: str | None = None, profile=None):
+    """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
+    scored after it in the same forward (notebook 02)."""
+    import numpy as np
+
+    ticket_tokens = [int(n) for n in ticket_tokens]
+    if not ticket_tokens:
+        raise ValueError("plot_prompt_split needs at least one ticket's token count")
+    if prefix_tokens < 1 or min(ticket_tokens) < 1 or label_tokens < 0:
+        raise ValueError(f"token counts must be positive (prefix {prefix_tokens}, tickets {ticket_tokens}, "
+                         f"labels {label_tokens})")
+    names = list(names) if names is not None else [f"ticket {i + 1}" for i in range(len(ticket_tokens))]
+    share = prefix_tokens * len(ticket_tokens) / (prefix_tokens * len(ticket_tokens) + sum(ticket_tokens))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(ticket_tokens) + 1.8))
+    rows = np.arange(len(ticket_tokens))
+    ax.barh(rows, prefix_tokens, color="C0", alpha=0.55, label="cached prefix (computed once)")
+    ax.barh(rows, ticket_tokens, left=prefix_tokens, color="C1", label="ticket's own tokens")
+    if label_tokens:
+        ax.barh(rows, label_tokens, left=[prefix_tokens + n for n in ticket_tokens], color="C2",
+                label="label tokens (same forward)")
+    for row, n in zip(rows, ticket_tokens):
+        ax.text(prefix_tokens / 2, row, str(prefix_tokens), ha="center", va="center", fontsize=7)
+        extra = f" + {label_tokens}" if label_tokens else ""
+        ax.text(prefix_tokens + n + label_tokens, row, f" {n}{extra}", ha="left", va="center", fontsize=7)
+    ax.set_yticks(rows, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
+    ax.set_xlabel("tokens in the forward pass")
+    labels = (f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens
+              else "")
+    set_title(ax, title or f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} "
+                          f"prompts' tokens{labels}")
+    ax.grid(alpha=0.3, axis="x")
+    # Below the axes: inside, it would cover the longest bar.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    return fig, finish(fig, caption(info, profile), path)

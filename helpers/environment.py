@@ -23,7 +23,9 @@ def describe_environment() -> str:
     """One line per fact: versions, then the device the series will use."""
     import torch
 
-    from .models import cpu_threads, pick_device
+    from .models import cpu_threads
+
+    from .devices import pick_device
     from .profile import machine_name
 
     lines = [f"{name:>12}: {version}" for name, version in versions().items()]

@@ -55,7 +55,9 @@ def machine_line() -> str:
     import torch
     import transformers
 
-    from .models import cpu_threads, pick_device
+    from .models import cpu_threads
+
+    from .devices import pick_device
     from .profile import machine_name
 
     device = pick_device()
@@ -109,7 +111,10 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"== {source.relative_to(ROOT)}", flush=True)
         start = time.perf_counter()
-        parameters = {"OUTPUT_DIR": str(target.parent), "PRESET": PRESET}
+        from .lessons import papermill_parameters  # a lesson takes what it does not declare in OPTIONS
+
+        parameters = papermill_parameters(papermill.inspect_notebook(str(source)),
+                                          {"OUTPUT_DIR": str(target.parent), "PRESET": PRESET})
         os.environ.update(quiet)  # the kernel inherits this process's environment
         try:
             papermill.execute_notebook(str(source), str(target), parameters=parameters,

@@ -23,15 +23,15 @@ from .data import build_prompt, encode_prompt
 
 
 class PromptSplitError(ValueError):
-    """A prompt that does not start with the cached prefix, or whose split is not token-clean."""
+    """A prompt that does not start with the cached prefix, or whose split is not token-clean. Notebook 02, section 2."""
 
 
 class UncleanSplitError(PromptSplitError):
-    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt."""
+    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt. Notebook 02, section 2."""
 
 
 def common_prefix(texts: Sequence[str]) -> str:
-    """The longest string every text starts with."""
+    """The longest string every text starts with. Notebook 02, section 1."""
     return os.path.commonprefix(list(texts))
 
 
@@ -41,6 +41,7 @@ def find_prefix_text(tokenizer, **prompt_options) -> str:
     ``prompt_options`` are ``build_prompt``'s (labels, examples, descriptions). Two prompts with
     different tickets are rendered; their common start is the static part. Trailing
     whitespace is left to the suffix, because tokenizers glue a space to the next word (" The").
+    Notebook 02, section 1.
     """
     rendered = [build_prompt(tokenizer, ticket, **prompt_options) for ticket in ("A", "Z")]
     return common_prefix(rendered).rstrip(" ")
@@ -51,6 +52,7 @@ def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
 
     Then the rest of the whole prompt's tokens, run after the cached prefix, are exactly the plain path's input
     (the rule ``PrefixCache.split`` applies).
+    Notebook 02, section 2.
     """
     whole = encode_prompt(tokenizer, prompt)
     head = encode_prompt(tokenizer, prefix_text)
@@ -58,7 +60,7 @@ def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
 
 
 class PrefixCache:
-    """The prefix's keys and values, computed once, reused for every ticket (batched or not)."""
+    """The prefix's keys and values, computed once, reused for every ticket (batched or not). Notebook 02, sections 3-4."""
 
     def __init__(self, model, tokenizer, prefix_text: str):
         if not prefix_text:

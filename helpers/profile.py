@@ -17,15 +17,13 @@ Four measurements, made once and then reused by every notebook and by ``python -
 
 Profiles are cached for the process and on disk (``cache_dir()/profiles``), keyed by machine, torch version,
 model, dtype and device, so notebooks 01-04 reuse the one notebook 00 measured. Work is sized from them: every
-measured call fits one cost model (``CallCost``: seconds per call, per token and per attended key), which
-``estimate_runs`` applies to the calls a lesson plans and ``helpers.sweep`` to every batch of a full plan;
-``size_to_budget`` turns a time budget into a count, and ``fit_to_budget`` does the same for a lesson: its count
-and timed rounds, each decision in one line.
+measured call fits one cost model (``CallCost``: seconds per call, per token and per attended key), which prices
+the calls a lesson makes (``helpers.costs``), the passes it plans (``helpers.sizing``) and every batch of a full
+plan (``helpers.sweep``). The measurements themselves are ``helpers.measure``.
 """
 
 from __future__ import annotations
 
-import copy as copy_module
 import dataclasses
 import functools
 import hashlib
@@ -34,27 +32,21 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, threads_text
-from .timing import Stopwatch, sync
+from . import calls
+from .measure import (BATCH_ROW_TOKENS, DECODE_BATCHES, DECODE_CONTEXT, batched_curve, decode_step_tokens_per_s,
+                      half_precision_finite, matmul_gflops, prefill_curve, roof_shape)
+from .models import ModelInfo, cache_dir, threads_text
+from .devices import dtype_candidates
 
 PROFILE_VERSION = 6  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum;
-# 5: batched rows; 6: half dtypes probed for finite logits
-PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
-BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # rows per call of the batched curve, until it stops growing
-BATCH_ROW_TOKENS = 96  # tokens per row: about a median ticket's prompt (the article's median is 94 with Qwen's tokenizer)
-DECODE_BATCHES = (1, 32)
-DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
 SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
-ROOF_BLOCKS = 5  # timed blocks behind each roof measurement; the fastest counts
-ROOF_BLOCK_S = 0.25  # seconds per block: 5 blocks make more than a second of steady matmuls
-MAX_CALL_S = 1.5  # the prefill sweep stops after a call this slow: the curve is flat long before
 _MEMORY: dict[str, MachineProfile] = {}
 
 
@@ -74,151 +66,6 @@ def machine_name(device: torch.device | str = "cpu") -> str:
     except OSError:
         pass
     return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
-
-
-def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats: int = 5) -> float:
-    """Seconds per call: one warm-up (kernels are picked, memory allocated), then the best of a few runs."""
-    with Stopwatch(device) as warmup:
-        call()
-    if warmup.seconds > MAX_CALL_S:  # too slow to repeat: the warm-up is the measurement
-        return warmup.seconds
-    times: list[float] = []
-    while len(times) < max_repeats and (sum(times) < min_time_s or len(times) < 2):
-        with Stopwatch(device) as clock:
-            call()
-        times.append(clock.seconds)
-    return min(times)
-
-
-@torch.inference_mode()
-def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int],
-                  blocks: int = ROOF_BLOCKS, block_s: float = ROOF_BLOCK_S, slow: float | None = None) -> float | None:
-    """Measured GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``: a roof, so a maximum. None where the dtype is
-    unsupported.
-
-    After a warm-up of about one block (clocks ramp up, kernels are picked, caches fill), ``blocks`` blocks of
-    back-to-back matmuls, each at least ``block_s`` seconds, synchronised; the fastest block counts. A median of a
-    cold start would sit below what the same kernel does a moment later, and a rate above the roof would follow.
-    ``slow``: a rate (GFLOP/s) below which the first call's is answer enough (a dtype that slow is skipped anyway;
-    bfloat16 without bf16 instructions takes seconds per call).
-    """
-    device = torch.device(device)
-    m, k, n = shape
-    try:
-        a = torch.randn(m, k, device=device).to(dtype)
-        b = torch.randn(k, n, device=device).to(dtype)
-        with Stopwatch(device) as first:
-            a @ b  # unsupported dtypes fail here, before timing
-    except (RuntimeError, TypeError):
-        return None
-    if slow is not None and 2 * m * k * n / first.seconds / 1e9 < slow:
-        return 2 * m * k * n / first.seconds / 1e9
-    sync(device)
-    start, calls, elapsed = time.perf_counter(), 0, 0.0
-    while elapsed < block_s:  # the warm-up, which also sizes the blocks
-        a @ b
-        sync(device)
-        calls, elapsed = calls + 1, time.perf_counter() - start
-    per_block = max(1, math.ceil(calls * block_s / elapsed))
-    if elapsed > 4 * block_s:  # one call outlasts several blocks (bfloat16 without bf16 instructions): 2 will do
-        blocks = min(blocks, 2)
-    best = float("inf")
-    for _ in range(blocks):
-        with Stopwatch(device) as clock:
-            for _ in range(per_block):
-                a @ b
-        best = min(best, clock.seconds / per_block)
-    return 2 * m * k * n / best / 1e9
-
-
-def roof_shape(model, device: torch.device) -> tuple[int, int, int]:
-    """The model's MLP matmul (tokens x hidden @ hidden x intermediate), with enough tokens to keep the device busy.
-
-    On a 2-core CPU 256 tokens reach ~85 % of what 2048 do; a GPU needs far larger matmuls still.
-    """
-    tokens = 2048 if device.type == "cpu" else 16384
-    return tokens, model.config.hidden_size, model.config.intermediate_size
-
-
-@torch.inference_mode()
-def prefill_curve(model, sizes: Iterable[int] = PREFILL_SIZES, max_call_s: float = MAX_CALL_S) -> list[tuple[int, float]]:
-    """(tokens per forward call, tokens/s) for one sequence of each size, until the throughput stops growing."""
-    device = model.device
-    limit = getattr(model.config, "max_position_embeddings", 4096)
-    vocab = model.config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    points: list[tuple[int, float]] = []
-    for tokens in sizes:
-        if tokens > limit:
-            break
-        ids = torch.randint(0, vocab, (1, tokens), generator=generator).to(device)
-        seconds = _time_call(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), device)
-        points.append((tokens, tokens / seconds))
-        flat = len(points) >= 3 and all(points[-i][1] < 1.05 * points[-i - 1][1] for i in (1, 2))
-        if seconds > max_call_s or (tokens >= 64 and flat):
-            break
-    return points
-
-
-def half_precision_finite(model, dtype: str) -> bool:
-    """Whether a copy of ``model`` in ``dtype`` gives finite logits (``finite_logits``): the profile records it,
-    so a dtype that overflows with this model is never chosen (``choose_dtypes``)."""
-    copy = copy_module.deepcopy(model).to(getattr(torch, dtype))
-    try:
-        return finite_logits(copy)
-    finally:
-        del copy
-        free_memory(model.device)
-
-
-@torch.inference_mode()
-def batched_curve(model, rows: Iterable[int] = BATCH_ROWS, row_tokens: int = BATCH_ROW_TOKENS,
-                  max_call_s: float = MAX_CALL_S) -> list[tuple[int, float]]:
-    """(rows per forward call, tokens/s) for batches of ``row_tokens``-token rows, until the throughput stops growing.
-
-    The rows carry an attention mask, as a padded batch does, so attention runs the kernel the batched paths run.
-    On a CPU the curve goes to at least 32 rows (the sweep's largest size there), on a GPU to at least 256.
-    """
-    device = model.device
-    vocab = model.config.vocab_size
-    least = 32 if device.type == "cpu" else 256
-    generator = torch.Generator().manual_seed(0)
-    points: list[tuple[int, float]] = []
-    for count in rows:
-        ids = torch.randint(0, vocab, (count, row_tokens), generator=generator).to(device)
-        mask = torch.ones_like(ids)
-        seconds = _time_call(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1), device)
-        points.append((count, count * row_tokens / seconds))
-        flat = len(points) >= 3 and all(points[-i][1] < 1.05 * points[-i - 1][1] for i in (1, 2))
-        if count >= least and (flat or seconds > max_call_s):
-            break
-    return points
-
-
-@torch.inference_mode()
-def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -> float:
-    """Tokens/s of one decode step: one new token per row, attending to ``context`` cached tokens."""
-    from transformers import DynamicCache
-
-    config, device, dtype = model.config, model.device, model.dtype
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    generator = torch.Generator().manual_seed(0)
-    # What the cache holds does not change the time: random keys and values of the right shape.
-    layers = [tuple(torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, dtype)
-                    for _ in range(2)) for _ in range(config.num_hidden_layers)]
-    cache = DynamicCache(ddp_cache_data=layers, config=config)
-    ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
-    mask = torch.ones((batch, context + 1), dtype=torch.long, device=device)
-    positions = torch.full((batch, 1), context, device=device)
-
-    def step():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-              logits_to_keep=1)
-        cache.crop(-1)  # back to the context, for the next timed step
-
-    return batch / _time_call(step, device)
 
 
 def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
@@ -468,6 +315,11 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
             pass  # an unreadable or older profile: measure again
     if verbose:
         print("measuring this machine (once; cached for later notebooks) ...")
+    with calls.paused():  # the profile's calls are not the lesson's
+        return _measure(model, info, device, key, path, verbose)
+
+
+def _measure(model, info: ModelInfo, device: torch.device, key: str, path: Path, verbose: bool) -> MachineProfile:
     start = time.perf_counter()
     shape = roof_shape(model, device)
     matmul = {}
@@ -503,129 +355,3 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
 # --- sizing work by time ----------------------------------------------------------------------------------
 
 
-def size_to_budget(
-    budget_s: float,
-    estimate: Callable[[int], float],
-    floor: int,
-    cap: int,
-    explicit: int | None = None,
-    what: str = "tickets",
-) -> tuple[int, str]:
-    """The largest count in [floor, cap] whose estimated seconds (``estimate(n)``) fit ``budget_s``; and why.
-
-    ``estimate`` should grow with n (it is searched by doubling, then bisection). An explicit count wins.
-    """
-    if explicit is not None:
-        n = int(explicit)
-        return n, f"{n} {what}: set explicitly (estimated {estimate(n):.0f} s of model time on this machine)"
-    if estimate(floor) > budget_s:
-        return floor, (f"{floor} {what}: the fewest that keep the lesson visible, although they need an estimated "
-                       f"{estimate(floor):.0f} s here, over the {budget_s:.0f} s budget")
-    low, high = floor, floor
-    while high < cap and estimate(min(cap, high * 2)) <= budget_s:
-        low = high = min(cap, high * 2)
-    if high < cap:
-        high = min(cap, high * 2)  # estimate(high) > budget: bisect between low (fits) and high (does not)
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if estimate(middle) <= budget_s else (low, middle)
-    reason = (f"{low} {what}: an estimated {estimate(low):.0f} s of model time on this machine (from its measured "
-              f"profile), within the {budget_s:.0f} s budget")
-    return low, reason + (f" (capped at {cap})" if low == cap else "")
-
-
-STRETCH = 1.5  # a lesson keeps its floor up to this many times its budget; beyond, it shrinks to fit the budget
-
-
-@dataclass
-class Sizing:
-    """What ``fit_to_budget`` chose: the count, the timed rounds, and one line per decision (``str``: the lines)."""
-
-    n: int
-    repeats: int | None
-    lines: list[str]
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines)
-
-
-def fit_to_budget(
-    budget_s: float,
-    estimate: Callable[..., float],
-    floor: int,
-    cap: int,
-    *,
-    minimum: int | None = None,
-    explicit: int | None = None,
-    repeats: int | None = None,
-    what: str = "tickets",
-) -> Sizing:
-    """A lesson's count and timed rounds for its time budget, and why, in one call.
-
-    ``estimate(n)``, or ``estimate(n, repeats)`` when ``repeats`` is given: the lesson's model seconds. An explicit
-    count wins. Otherwise, where even ``floor`` is over the budget, the timed rounds drop to 2 (the fewest that give
-    a spread); the count is the largest in [floor, cap] within the budget (``size_to_budget``), or the floor while
-    it needs at most ``STRETCH`` times the budget. A floor beyond that (a large model, a slow machine) gives way:
-    the largest count in [minimum, floor) within the budget, at least ``minimum`` (None: the floor
-    never gives way, e.g. an accuracy that needs its tickets).
-    """
-    lines: list[str] = []
-    cost = (lambda n: estimate(n, repeats)) if repeats is not None else estimate
-    if explicit is None and repeats is not None and repeats > 2 and cost(floor) > budget_s:
-        wanted, needed, repeats = repeats, cost(floor), 2
-        lines.append(f"2 timed rounds instead of {wanted}: {floor} {what} with {wanted} need an estimated {needed:.0f} s "
-                     f"here, over the {budget_s:.0f} s budget")
-    if explicit is not None or cost(floor) <= STRETCH * budget_s or minimum is None or minimum >= floor:
-        n, why = size_to_budget(budget_s, cost, floor=floor, cap=cap, explicit=explicit, what=what)
-        return Sizing(n, repeats, [*lines, why])
-    n = next((n for n in range(floor - 1, minimum - 1, -1) if cost(n) <= budget_s), minimum)
-    lines.append(f"{n} {what}, below this lesson's floor of {floor}: {floor} need an estimated {cost(floor):.0f} s here, "
-                 f"over {STRETCH:g}x the {budget_s:.0f} s budget (a large model or a slow machine); {n} need about "
-                 f"{cost(n):.0f} s. N_TICKETS = {floor} runs every section at its intended size")
-    return Sizing(n, repeats, lines)
-
-
-@dataclass
-class PlannedRun:
-    """One pass over prompts that a notebook is about to make, for ``estimate_runs``.
-
-    ``lengths``: each prompt's tokens (after the prefix when ``prefix_tokens`` > 0). ``continuation``: label
-    tokens appended after the prompt per row, in the same forward (``continuation_tokens(scorer)``).
-    ``new_tokens``: tokens generated per prompt (the generate + parse baseline), each a decode step at batch 1.
-    """
-
-    lengths: Sequence[int]
-    strategy: str = "loop"
-    batch_size: int = 1
-    token_budget: int | None = None
-    prefix_tokens: int = 0
-    continuation: int = 0
-    new_tokens: int = 0
-    repeats: int = 1
-    slowdown: float = 1.0  # e.g. float32 matmul / bfloat16 matmul, for a run in another dtype
-
-
-def continuation_tokens(scorer) -> int:
-    """Label tokens a scorer runs after each prompt (0 on the first-token path)."""
-    return len(scorer.tail)
-
-
-def estimate_runs(profile: MachineProfile, runs: Iterable[PlannedRun]) -> float:
-    """Estimated seconds of model time for the planned runs: each forward call priced by the profile's ``CallCost``."""
-    from .batching import plan_batches
-
-    total = 0.0
-    for run in runs:
-        if not len(run.lengths):
-            continue
-        lengths = list(run.lengths)
-        batches = plan_batches(lengths, run.strategy, run.batch_size, run.token_budget,
-                               tokens_per_row=run.prefix_tokens + run.continuation)  # as score_batched plans them
-        seconds = 0.0
-        for batch in batches:
-            width = max(lengths[i] for i in batch) + run.continuation
-            seconds += profile.call_seconds(len(batch), width, run.prefix_tokens)
-        if run.new_tokens > 1:
-            seconds += len(lengths) * (run.new_tokens - 1) / profile.decode[1]
-        total += seconds * run.repeats * run.slowdown
-    return total

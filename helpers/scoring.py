@@ -19,9 +19,6 @@ checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
 
 from __future__ import annotations
 
-import math
-import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +37,7 @@ def check_labels(labels: Sequence[str]) -> list[str]:
     """The label list, or a one-line ``ValueError``: empty list, blank or non-text label, duplicates.
 
     Needs no tokenizer, so a command can refuse bad labels before it loads a model.
+    Notebook 01, section 2.
     """
     labels = list(labels)
     if len(labels) < 2:
@@ -69,6 +67,7 @@ def end_of_answer_text(tokenizer) -> str | None:
     tokenizer has no chat template or the template ends no answer with a marker token (special, added or EOS).
 
     Derived from the template itself (an assistant turn rendered around a stand-in answer), not hard-coded.
+    Notebook 01, Going deeper.
     """
     if not getattr(tokenizer, "chat_template", None):
         return None
@@ -90,12 +89,12 @@ def end_of_answer_text(tokenizer) -> str | None:
 
 def answer_ids(tokenizer, label: str, end_text: str) -> list[int]:
     """A label as a whole answer: the tokens of the label followed by the end-of-answer text, tokenized together as
-    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there)."""
+    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there). Notebook 01, Going deeper."""
     return tokenizer(label + end_text, add_special_tokens=False)["input_ids"]
 
 
 def end_of_answer_ids(tokenizer) -> list[int] | None:
-    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None."""
+    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None. Notebook 01, Going deeper."""
     text = end_of_answer_text(tokenizer)
     if text is None:
         return None
@@ -106,7 +105,7 @@ def end_of_answer_ids(tokenizer) -> list[int] | None:
 
 def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -> list[tuple[str, str]]:
     """Pairs (shorter, longer) of labels whose tokens start with all of the shorter one's tokens (``account``,
-    ``account change``): scored as answer prefixes, the longer can never beat the shorter."""
+    ``account change``): scored as answer prefixes, the longer can never beat the shorter. Notebook 01, Going deeper."""
     pairs = []
     for i, short in enumerate(token_ids):
         for j, long in enumerate(token_ids):
@@ -126,6 +125,7 @@ class LabelScorer:
     label's tokens start another's; True always; False never (answer prefixes: the longer of two such labels
     can then never win; notebook 01 shows it). A label set that needs the marker from a template without one is
     a one-line ``ValueError`` naming the two labels.
+    Notebook 01, section 2.
     """
 
     def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False,
@@ -213,7 +213,7 @@ class LabelScorer:
 
 @dataclass
 class LabelScores:
-    """Per-ticket label scores, in input order, with what produced them."""
+    """Per-ticket label scores, in input order, with what produced them. Notebook 01, section 2."""
 
     labels: list[str]
     log_scores: torch.Tensor  # (n, n_labels): summed (or length-normalised) label log-probs, float32
@@ -247,7 +247,7 @@ class LabelScores:
 
 
 def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token rows to one length: the last real token of every row sits at index -1."""
+    """Left-pad token rows to one length: the last real token of every row sits at index -1. Notebook 03, section 3."""
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -261,7 +261,7 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 def batch_inputs(scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
     """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
     and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
-    restarting right after its row's last token."""
+    restarting right after its row's last token. Notebook 03, section 7."""
     tail = len(scorer.tail)
     input_ids, mask = pad_left([[*row, *scorer.tail] for row in rows], pad_id)
     positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
@@ -274,7 +274,7 @@ def batch_inputs(scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int
 
 def visible_keys(mask: torch.Tensor, scorer: LabelScorer, past_length: int = 0) -> torch.Tensor:
     """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
-    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing."""
+    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook 03, section 7."""
     batch, width = mask.shape
     tail = len(scorer.tail)
     allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
@@ -321,6 +321,7 @@ def label_log_probs(
     Multi-token labels ride along in the same pass: their tokens are appended after each row (``scorer.tail``),
     positioned right after the row's last token, and the logits of the last ``1 + len(tail)`` positions give
     every label token's log-prob. Only those few numbers per row leave the device.
+    Notebook 01, section 3.
     """
     device = model.device
     tail = len(scorer.tail)
@@ -361,7 +362,7 @@ def score_one_by_one(
     progress: bool = True,
     desc: str = "one at a time",
 ) -> LabelScores:
-    """The reference: one forward per ticket, no padding, no cache reuse."""
+    """The reference: one forward per ticket, no padding, no cache reuse. Notebook 01, section 2."""
     with Stopwatch(model.device) as clock:
         scores = [
             label_log_probs(model, scorer, [encode_prompt(tokenizer, prompt)], tokenizer.pad_token_id)
@@ -380,6 +381,7 @@ def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> 
     Returns (n_labels,) summed label log-probs (length-normalised if the scorer is). Only the label's positions go
     through the output layer (the prompt's last and the label's own, the very last one unused): the rest of a
     prompt-length x vocabulary logits tensor would be computed for nothing.
+    Notebook 01, section 3.
     """
     prompt_ids = encode_prompt(tokenizer, prompt)
     scores = []
@@ -391,281 +393,3 @@ def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> 
         score = sum(logp[k, token].item() for k, token in enumerate(ids))
         scores.append(score / len(ids) if scorer.normalize else score)
     return torch.tensor(scores)
-
-
-# --- the baseline: generate text, then parse it --------------------------------------------------
-
-
-def parse_label(text: str, labels: Sequence[str]) -> str | None:
-    """The label a generated answer names: exactly one label as a whole word, else None."""
-    found = {
-        label for label in labels if re.search(rf"\b{re.escape(label.lower())}\b", text.lower())
-    }
-    return found.pop() if len(found) == 1 else None
-
-
-@torch.inference_mode()
-def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> str:
-    """Greedy free-form answer: the baseline that constrained scoring replaces."""
-    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-@torch.inference_mode()
-def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> pd.DataFrame:
-    """The forward passes behind ``generate_answer``, one row each: the tokens it processed (the prompt, then one
-    token per decode step over the cache), the token it chose and that token's probability. The same greedy
-    generation, with its scores kept (notebook 01 draws it)."""
-    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id, output_logits=True,
-                         return_dict_in_generate=True)
-    chosen = out.sequences[0, ids.shape[1]:].tolist()
-    rows = []
-    # The raw logits, not the processed scores: a model's generation config may penalise repeats even when greedy.
-    for step, (token, scores) in enumerate(zip(chosen, out.logits)):
-        rows.append({"pass": step + 1, "input_tokens": ids.shape[1] if step == 0 else 1, "token_id": token,
-                     "token": tokenizer.decode([token]),
-                     "probability": torch.softmax(scores[0].float(), dim=-1)[token].item()})
-    return pd.DataFrame(rows)
-
-# --- agreement with the reference -----------------------------------------------------------------
-
-# float32 paths differ from the reference only by summation order: ~1e-5 on log-probs in practice.
-FLOAT32_ATOL = 1e-3
-# Lower precision rounds every layer: batched, cached and padded paths then differ from the loop by rounding.
-# Measured on the embedded model (24 few-shot tickets, sorted/arbitrary batches of 8, prefix cache, on a CPU):
-# float16 up to 0.04, bfloat16 up to 0.30 on label log-probs. Each tolerance leaves a margin over that.
-LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical,
-    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``."""
-
-    dtype: str
-    atol: float
-    near_ties: bool
-
-    def __str__(self) -> str:
-        if not self.near_ties:
-            return f"{self.dtype}: identical labels, log-probs within {self.atol:.0e}"
-        return (f"{self.dtype} (low precision): log-probs within {self.atol:g}, labels identical except near-ties "
-                f"(the reference's top two within {self.atol:g}, where rounding may order them either way)")
-
-
-def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
-    """The agreement check for results computed in ``dtype`` (a model's ``.dtype`` or its name)."""
-    name = str(dtype).removeprefix("torch.")
-    if name == "float32":
-        return Tolerance(name, FLOAT32_ATOL, False)
-    if name not in LOW_PRECISION_ATOL:
-        raise ValueError(f"no agreement tolerance for dtype {name!r}: use float32, bfloat16 or float16")
-    return Tolerance(name, LOW_PRECISION_ATOL[name], True)
-
-
-def top2_margin(scores: LabelScores) -> torch.Tensor:
-    """Per item, how far the best label's log-score is ahead of the second best (inf with one label)."""
-    if scores.log_scores.shape[-1] < 2:
-        return torch.full((len(scores),), float("inf"))
-    top = scores.log_scores.topk(2, dim=-1).values
-    return top[:, 0] - top[:, 1]
-
-
-def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
-    """Fraction of identical predicted labels, the largest label log-prob difference, and near-ties.
-
-    A differing label counts as a near-tie when the reference's top two labels are less than ``near_tie``
-    apart: two runs that differ by rounding may then order them either way. ``agreement`` counts only
-    identical labels; ``near_ties`` says how many of the differences were near-ties.
-    """
-    if len(reference) != len(candidate):
-        raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
-    same = reference.predicted_index == candidate.predicted_index
-    tie = (top2_margin(reference) < near_tie).numpy()
-    diff = (reference.log_scores - candidate.log_scores).abs().max().item()
-    return {"agreement": float(same.mean()), "max_abs_diff": diff, "n": len(reference),
-            "near_ties": int((~same & tie).sum())}
-
-
-def assert_agrees(
-    reference: LabelScores,
-    candidate: LabelScores,
-    atol: float | Tolerance = FLOAT32_ATOL,
-    near_ties: bool = False,
-    item_names: Sequence[str] | None = None,
-) -> dict:
-    """Same label for every item and log-probs within ``atol``; the error names the first bad item.
-
-    ``atol`` may be a ``Tolerance`` (``tolerance_for(model.dtype)``), which sets ``near_ties`` too.
-    ``near_ties=True`` is for low-precision runs: a differing label is accepted when the reference's top
-    two labels are within ``atol`` of each other (rounding can flip them), and counted in ``near_ties``.
-    float32 checks keep it off: there every label must be identical. ``item_names`` name the items in the
-    error (e.g. rows of a file); by default "item i", the position.
-    """
-    if isinstance(atol, Tolerance):
-        atol, near_ties = atol.atol, atol.near_ties
-    name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
-    stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
-    differs = reference.predicted_index != candidate.predicted_index
-    if near_ties:
-        differs &= ~(top2_margin(reference) < atol).numpy()
-    differs = np.flatnonzero(differs)
-    if len(differs):
-        i = differs[0]
-        raise AssertionError(
-            f"{len(differs)} of {len(reference)} predictions differ; first: {name(i)} "
-            f"{reference.predictions[i]!r} (reference) vs {candidate.predictions[i]!r}"
-        )
-    if not stats["max_abs_diff"] <= atol:  # written this way so NaN fails too
-        worst = (reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item()
-        raise AssertionError(
-            f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: {name(worst)})"
-        )
-    return stats
-
-
-def coverage_curve(confidence, correct, thresholds=None) -> pd.DataFrame:
-    """Route tickets below a confidence threshold to a human: coverage and accuracy of the rest."""
-    confidence, correct = np.asarray(confidence), np.asarray(correct, dtype=bool)
-    if thresholds is None:
-        thresholds = np.unique(np.concatenate([[0.0], confidence]))
-    rows = []
-    for threshold in thresholds:
-        kept = confidence >= threshold
-        rows.append({
-            "threshold": float(threshold),
-            "coverage": kept.mean(),
-            "accuracy": correct[kept].mean() if kept.any() else np.nan,
-            "to_human": int((~kept).sum()),
-        })
-    return pd.DataFrame(rows)
-
-
-# --- how sure is an accuracy? ---------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion, ``successes`` out of ``n`` (95 % with the default ``z``).
-
-    Unlike p ± z·sqrt(p(1-p)/n) it stays within [0, 1] and does not shrink to a point at 0 or n successes,
-    which matters for the few dozen tickets a notebook can score. Two accuracies whose intervals overlap are
-    not told apart by these tickets (a conservative reading: no overlap is clearer than a significance test).
-    """
-    if n <= 0 or int(n) != n:
-        raise ValueError(f"cannot give an interval for n={n} items: n must be a positive whole number")
-    if not 0 <= successes <= n or int(successes) != successes:
-        raise ValueError(f"successes={successes} must be a whole number between 0 and n={n}")
-    if z <= 0:
-        raise ValueError(f"z={z} must be positive (1.96 for a 95 % interval)")
-    p, z2 = successes / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5 / (1 + z2 / n)
-    # At the edges the formula gives 0 and 1 exactly, up to rounding: say so exactly.
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
-
-
-def mcnemar_exact(only_first: int, only_second: int) -> float:
-    """McNemar's exact test for two classifiers scored on the same items: the two-sided p-value that the items only
-    the first got right (``only_first``) and those only the second got right (``only_second``) split as unevenly
-    as this by chance. Items both got right or both got wrong say nothing about which is better, so they are not
-    arguments: pass the two discordant counts. A paired test: unlike comparing two intervals, it uses the fact that
-    both were scored on the same tickets.
-    """
-    for name, value in (("only_first", only_first), ("only_second", only_second)):
-        if value < 0 or int(value) != value:
-            raise ValueError(f"{name}={value} must be a whole number >= 0")
-    n, k = int(only_first + only_second), int(min(only_first, only_second))
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def paired_verdict(name_a: str, correct_a, name_b: str, correct_b, alpha: float = 0.05) -> dict:
-    """Two classifiers scored on the same tickets, compared by McNemar's exact test: the tickets only one of them
-    got right (``only_a``, ``only_b``), the p-value, and a one-line ``verdict`` that names a winner only when
-    p < ``alpha``. ``correct_a`` and ``correct_b``: per ticket, right or wrong, in the same ticket order."""
-    a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"{name_a} and {name_b} must be scored on the same tickets: got {a.shape} and {b.shape}")
-    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
-    p = mcnemar_exact(only_a, only_b)
-    counts = f"{only_a} ticket(s) only {name_a} got right, {only_b} only {name_b}; McNemar's exact p = {p:.3f}"
-    if p < alpha:
-        better, worse = (name_a, name_b) if only_a > only_b else (name_b, name_a)
-        verdict = f"{better} beat {worse} beyond chance on these {len(a)} tickets ({counts})"
-    else:
-        verdict = f"{name_a} and {name_b} are not distinguishable on these {len(a)} tickets ({counts})"
-    return {"only_a": only_a, "only_b": only_b, "p": p, "significant": p < alpha, "verdict": verdict}
-
-# --- which labels a tokenizer splits (notebook 01 derives its examples from the loaded tokenizer) ----------
-
-# Plausible support-ticket label words, for examples that must hold with any tokenizer.
-CANDIDATE_LABELS = (
-    "billing", "payment", "bill", "bills", "refund", "refunds", "invoice", "invoices", "account", "accounts",
-    "access", "login", "password", "technical", "technician", "shipping", "shipment", "delivery", "order",
-    "orders", "support", "security", "subscription",
-)
-
-
-def _label_ids(tokenizer, words: Sequence[str]) -> list[list[int]]:
-    """Each word's token ids as ``LabelScorer`` tokenizes a label; a one-line error names a bad word."""
-    ids = []
-    for position, word in enumerate(words):
-        if not isinstance(word, str) or not word.strip():
-            raise ValueError(f"candidate #{position} ({word!r}) is empty: every candidate needs text")
-        ids.append(tokenizer(word, add_special_tokens=False)["input_ids"])
-    return ids
-
-
-def token_pieces(tokenizer, words: Sequence[str]) -> dict[str, list[str]]:
-    """Each word's tokens as the tokenizer writes them, e.g. ``{"billing": ["b", "illing"]}`` for one tokenizer."""
-    return {word: tokenizer.convert_ids_to_tokens(ids) for word, ids in zip(words, _label_ids(tokenizer, words))}
-
-
-def first_token_clash(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS) -> tuple[str, str] | None:
-    """Two candidates that start with the same token with this tokenizer (the first such pair in candidate
-    order), or None when every candidate starts with a different token."""
-    seen: dict[int, str] = {}
-    for word, ids in zip(candidates, _label_ids(tokenizer, candidates)):
-        if ids and ids[0] in seen:
-            return seen[ids[0]], word
-        if ids:
-            seen[ids[0]] = word
-    return None
-
-
-def single_token_labels(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS, count: int = 3) -> list[str] | None:
-    """The first ``count`` distinct candidates that are one token each with this tokenizer; None if fewer are."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    candidates = list(dict.fromkeys(candidates))
-    single = [word for word, ids in zip(candidates, _label_ids(tokenizer, candidates)) if len(ids) == 1]
-    return single[:count] if len(single) >= count else None
-
-
-# Words that often follow a label word in real taxonomies (``account change``, ``bug report``, ``refund request``).
-EXTENSIONS = (" change", " report", " request", " issue")
-
-
-def extending_pair(tokenizer, bases: Sequence[str] = ("account", "bug", "refund", "billing", "login", "order"),
-                   extensions: Sequence[str] = EXTENSIONS) -> tuple[str, str] | None:
-    """Two labels, the second the first plus a word, whose tokens start with all of the first's tokens with this
-    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None."""
-    for base in bases:
-        for extension in extensions:
-            longer = base + extension
-            if extending_pairs(_label_ids(tokenizer, [base, longer]), [base, longer]):
-                return base, longer
-    return None

@@ -59,6 +59,7 @@ class Draw:
     batches in run order (ticket indices); ``strata``: per group, the plan's batch numbers in it; ``drawn``: per
     group, the batch numbers drawn. ``past``: cached prefix tokens every row attends to; ``tail``: label tokens
     appended to every row (both priced by the cost model).
+    Notebook 03, section 6.
     """
 
     strategy: str
@@ -123,6 +124,7 @@ def draw_batches(lengths: Sequence[int], strategy: str = "sorted", batch_size: i
     ``past`` and ``tail``: tokens every row holds besides its own (a cached prefix, label tokens), as
     ``score_batched`` counts them; the token-budget plan counts both in every row. ``min_tickets=None`` draws
     every batch (the full plan).
+    Notebook 03, section 6.
     """
     lengths = [int(n) for n in lengths]
     plan = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=past + tail)
@@ -169,7 +171,7 @@ def draw_batches(lengths: Sequence[int], strategy: str = "sorted", batch_size: i
 @dataclass
 class PlanEstimate:
     """The whole plan's seconds estimated from timed runs of a draw: ``seconds`` per repeat, ``relative_error``
-    (one standard error, relative: what the draw cannot know; NaN where one run has too few batches to tell)."""
+    (one standard error, relative: what the draw cannot know; NaN where one run has too few batches to tell). Notebook 03, section 6."""
 
     name: str
     draw: Draw
@@ -230,7 +232,7 @@ def _batch_seconds(draw: Draw, run: LabelScores) -> list[float]:
 
 def estimate_plan(name: str, draw: Draw, runs: Sequence[LabelScores], profile) -> PlanEstimate:
     """The plan's seconds per timed run of the draw (a ratio estimator per group, the module docstring); the
-    relative error is left for ``estimate_plans``, which pools the scatter over a whole run's draws."""
+    relative error is left for ``estimate_plans``, which pools the scatter over a whole run's draws. Notebook 03, section 6."""
     if not runs:
         raise ValueError(f"{name}: no timed runs to estimate from")
     predicted_all = draw.predicted_seconds(profile)
@@ -251,7 +253,7 @@ def estimate_plan(name: str, draw: Draw, runs: Sequence[LabelScores], profile) -
 def estimate_plans(draws: Mapping, runs: Mapping, profile) -> dict:
     """``estimate_plan`` for every draw (key -> ``Draw``; ``runs``: key -> its timed runs), with the relative error
     of each: the batches' scatter around the cost model, pooled over every draw (log ratios about their draw's
-    mean), spread over each draw's groups by their predicted shares."""
+    mean), spread over each draw's groups by their predicted shares. Notebook 03, section 6."""
     estimates = {key: estimate_plan(str(key), draw, runs[key], profile) for key, draw in draws.items()}
     residuals, freedom = 0.0, 0
     for estimate in estimates.values():
@@ -272,7 +274,7 @@ def estimate_plans(draws: Mapping, runs: Mapping, profile) -> dict:
 
 def estimate_row(key, estimate: PlanEstimate, profile=None) -> dict:
     """A table row of one estimate: ``key`` is (strategy name, batch size[, ...]); items/s are the whole plan's, and
-    with ``profile`` what its cost model predicts for the plan (``predicted_items_per_s``)."""
+    with ``profile`` what its cost model predicts for the plan (``predicted_items_per_s``). Notebook 04, section 2."""
     draw = estimate.draw
     low, high = estimate.interval
     predicted = {} if profile is None else {
@@ -287,7 +289,7 @@ def estimate_row(key, estimate: PlanEstimate, profile=None) -> dict:
 
 def curve(frame, strategy: str):
     """A sweep strategy's points from a frame of rows (``estimate_row``'s columns, one dtype): its loop at batch 1,
-    then its own rows, by batch size."""
+    then its own rows, by batch size. Notebook 04, section 4."""
     loop = frame[(frame["strategy"] == SWEEP_LOOPS[strategy]) & (frame["batch_size"] == 1)]
     return pd.concat([loop, frame[frame["strategy"] == strategy]]).sort_values("batch_size")
 
@@ -296,7 +298,7 @@ def describe_curve(rows) -> dict:
     """Where a curve (``curve``) peaked and whether that is beyond the spread of its repeats: ``best`` and ``first``
     rows, ``gain`` (best over first, medians), ``rose`` (the best's slowest repeat beats the first's fastest),
     ``reached`` (the smallest batch size whose fastest repeat reaches the best's slowest: where it stopped gaining),
-    ``fell`` (larger sizes slower than the best beyond the spread) and ``text``, one sentence."""
+    ``fell`` (larger sizes slower than the best beyond the spread) and ``text``, one sentence. Notebook 04, section 4."""
     best, first = rows.loc[rows["items_per_s"].idxmax()], rows.iloc[0]
     spread = rows["repeats"].min() >= 2
     rose = bool(spread and best["items_per_s_min"] > first["items_per_s_max"])
@@ -321,7 +323,7 @@ def describe_curve(rows) -> dict:
 def estimates_frame(estimates: Mapping, info, profile, checks: Mapping | None = None, **columns) -> pd.DataFrame:
     """One row per estimate (``estimate_row``), with what produced it: the model, dtype, device and threads
     (``info``, a ``ModelInfo``), the machine (``profile``), each key's agreement with the reference (``checks``:
-    key -> ``helpers.scoring.agreement``'s dict) and any other ``columns`` (e.g. ``shots``)."""
+    key -> ``helpers.agreement.agreement``'s dict) and any other ``columns`` (e.g. ``shots``). Notebook 04, section 2."""
     produced = {"model": info.name, "timing_only": info.timing_only, "dtype": info.dtype, "device": info.device,
                 "threads": info.threads, "attention": info.attention, "machine": profile.machine,
                 "profile": profile.caption(), **columns}

@@ -6,15 +6,11 @@ import pytest
 import torch
 
 from helpers import bench
+from helpers import rows as sweep_rows
 from helpers.__main__ import main
 from helpers.batching import forward_shapes
-from helpers.bench import (
-    kernel_seconds,
-    non_embedding_parameters,
-    padding_by_strategy,
-    run_benchmark,
-    useful_flops,
-)
+from helpers.bench import padding_by_strategy, run_benchmark
+from helpers.roofs import kernel_seconds, non_embedding_parameters, useful_flops
 from helpers.data import LABELS
 from helpers.scoring import LabelScorer
 
@@ -80,6 +76,7 @@ def test_repeats_run_the_rows_in_alternating_order_after_one_warm_up_per_strateg
         return real(model, tokenizer, scorer, prompts, strategy, batch_size, **options)
 
     monkeypatch.setattr(bench, "score_batched", recording)
+    monkeypatch.setattr(sweep_rows, "score_batched", recording)
     frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[2, 4], strategies=["loop", "sorted"],
                           dtypes=["float32"], repeats=3, progress=False, min_tickets=4)
     sizes = frame.set_index(["strategy", "batch_size"])["sample_tickets"]
@@ -94,7 +91,7 @@ def test_repeats_run_the_rows_in_alternating_order_after_one_warm_up_per_strateg
 
 
 def test_a_sweeps_batch_1_is_its_loop_and_a_size_needs_two_whole_batches_in_the_plan():
-    from helpers.bench import plan_rows
+    from helpers.rows import plan_rows
 
     assert plan_rows(["sorted", "sorted_prefix"], [1, 2]) == [("loop", 1), ("sorted", 2), ("loop_prefix", 1),
                                                              ("sorted_prefix", 2)]
@@ -137,7 +134,7 @@ def test_kernel_seconds_count_every_layer_of_every_forward_pass(tiny_qwen, monke
     """Each distinct shape is timed once (linear layers, attention, output layer): one second per timed call here."""
     model, _, _ = tiny_qwen
     calls = []
-    monkeypatch.setattr("helpers.profile._time_call", lambda call, device, *args: calls.append(call()) or 1.0)
+    monkeypatch.setattr("helpers.measure._time_call", lambda call, device, *args: calls.append(call()) or 1.0)
     layers = model.config.num_hidden_layers
     shapes = [(2, 8), (2, 8), (1, 5)]
     assert kernel_seconds(model, shapes, past_length=10, scored=2) == 3 * (2 * layers + 1)
@@ -237,7 +234,8 @@ def test_a_compiled_row_is_checked_against_the_eager_loop_like_every_row(monkeyp
 
 
 def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
-    from helpers.bench import SWEEP_STRATEGIES, plan_rows, sweep_batch_sizes
+    from helpers.sweep import SWEEP_STRATEGIES
+    from helpers.rows import plan_rows, sweep_batch_sizes
 
     assert sweep_batch_sizes("cpu") == (1, 2, 4, 8, 16, 32), "1 (the loop) to the article's 32"
     assert sweep_batch_sizes("cuda")[0] == 1 and max(sweep_batch_sizes("cuda")) >= 256
@@ -247,8 +245,8 @@ def test_the_sweep_runs_every_batch_size_and_the_other_strategies_at_one():
     assert {name for name, _ in plan} >= set(SWEEP_STRATEGIES)
     assert plan_rows(["arbitrary"], [2, 4]) == [("arbitrary", 2), ("arbitrary", 4)], "others_at=None: every size"
     # warm-ups: each strategy's largest batch size, or every row (a GPU)
-    assert bench.warm_up_rows(plan) == {("loop", 1), ("arbitrary", 4), ("sorted", 8), ("sorted_prefix", 8)}
-    assert bench.warm_up_rows(plan, every_row=True) == set(plan)
+    assert sweep_rows.warm_up_rows(plan) == {("loop", 1), ("arbitrary", 4), ("sorted", 8), ("sorted_prefix", 8)}
+    assert sweep_rows.warm_up_rows(plan, every_row=True) == set(plan)
     with pytest.raises(ValueError, match="others_at must be >= 1"):
         run_benchmark("twin:tiny-qwen2", batch_sizes=[2], others_at=0, progress=False)
 

@@ -251,7 +251,8 @@ PRE_LOAD_CASES = [
 
 @pytest.mark.parametrize("case,options,message", PRE_LOAD_CASES, ids=[c[0] for c in PRE_LOAD_CASES])
 def test_every_check_runs_before_the_model_loads(tmp_path, no_model, case, options, message):
-    from helpers.classify import InputError, classify_file
+    from helpers.classify import classify_file
+    from helpers.tables import InputError
 
     (tmp_path / "in.csv").write_text("text\nmy invoice is wrong\n")
     (tmp_path / "clash.csv").write_text("text,confidence\nmy invoice is wrong,high\n")
@@ -326,7 +327,7 @@ def test_csv_values_come_back_exactly_as_written(tmp_path, capsys):
     ('{"text": "fine"}\n\n{"text": "after a gap"}\n', "line 2 is blank"),
 ], ids=["bad_json", "not_an_object", "blank_line"])
 def test_bad_jsonl_lines_are_named(tmp_path, no_model, content, message):
-    from helpers.classify import InputError, read_table
+    from helpers.tables import InputError, read_table
 
     path = tmp_path / "in.jsonl"
     path.write_text(content)
@@ -337,7 +338,7 @@ def test_bad_jsonl_lines_are_named(tmp_path, no_model, content, message):
 
 
 def test_a_write_stopped_midway_leaves_no_partial_output_and_the_old_file_untouched(tmp_path):
-    from helpers.classify import atomic_write
+    from helpers.tables import atomic_write
 
     target = tmp_path / "out.csv"
     target.write_text("keep me")
@@ -357,7 +358,7 @@ def test_a_write_stopped_midway_leaves_no_partial_output_and_the_old_file_untouc
 
 
 def test_a_classify_run_failing_while_writing_keeps_the_existing_output(tmp_path, capsys, monkeypatch):
-    import helpers.classify as classify
+    import helpers.tables as tables
 
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["refund please", "app crashes", "new email"]))
@@ -372,7 +373,7 @@ def test_a_classify_run_failing_while_writing_keeps_the_existing_output(tmp_path
         return json.dumps(value, **kwargs)
 
     failing_json = SimpleNamespace(dumps=dumps_then_fail, loads=json.loads, JSONDecodeError=json.JSONDecodeError)
-    monkeypatch.setattr(classify, "json", failing_json)
+    monkeypatch.setattr(tables, "json", failing_json)
     code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--overwrite", *TINY], capsys)
     assert code == 2 and "No space left on device" in err
     # The rows scored so far wait in the progress file, for a rerun to resume from (helpers.resume).

@@ -13,7 +13,8 @@ import torch
 
 from helpers.data import LABELS, build_prompt, encode_prompt
 from helpers.drawings import plot_generate_vs_score, plot_kv_cache, plot_tree_mask
-from helpers.scoring import LabelScorer, batch_inputs, generate_answer, generation_steps, visible_keys
+from helpers.scoring import LabelScorer, batch_inputs, visible_keys
+from helpers.generation import generate_answer, generation_steps
 
 
 def suptitle(fig) -> str:

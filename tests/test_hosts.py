@@ -11,12 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers import devices
 from helpers import bench, models
+from helpers import rows as sweep_rows
 from helpers.__main__ import main
 from helpers.batching import score_batched
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets, uses_chat_template
 from helpers.prefix_cache import PrefixCache
-from helpers.scoring import LabelScorer, assert_agrees, score_one_by_one
+from helpers.scoring import LabelScorer, score_one_by_one
+from helpers.agreement import assert_agrees
 
 ROOT = Path(__file__).parent.parent
 
@@ -52,24 +55,24 @@ def test_the_commands_run_without_nbformat_and_setup_cells_says_what_to_install(
 
 def test_a_probe_forward_finds_non_finite_logits(tiny_qwen):
     model, _, _ = tiny_qwen
-    assert models.finite_logits(model)
+    assert devices.finite_logits(model)
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.lm_head.weight.fill_(float("inf"))
-    assert not models.finite_logits(broken)
+    assert not devices.finite_logits(broken)
 
 
 def test_a_default_half_dtype_that_overflows_falls_back_to_float32_and_a_named_one_refuses(tiny_qwen, monkeypatch, capsys):
     model, _, _ = tiny_qwen
     half = copy.deepcopy(model).to(torch.float16)
-    monkeypatch.setattr(models, "finite_logits", lambda model: False)
-    settled, dtype = models.settle_dtype(half, torch.float16, None, "twin:tiny-qwen2")
+    monkeypatch.setattr(devices, "finite_logits", lambda model: False)
+    settled, dtype = devices.settle_dtype(half, torch.float16, None, "twin:tiny-qwen2")
     assert dtype == torch.float32 and settled.dtype == torch.float32
     assert "float16 gave non-finite logits in a probe forward (half-precision overflow): using float32" in capsys.readouterr().out
-    with pytest.raises(models.HalfPrecisionError, match="non-finite logits in float16 .*use float32"):
-        models.settle_dtype(copy.deepcopy(model).to(torch.float16), torch.float16, "float16", "twin:tiny-qwen2")
-    monkeypatch.setattr(models, "finite_logits", lambda model: True)
-    assert models.settle_dtype(half, torch.float16, None, "x")[1] == torch.float16, "a finite one is kept"
+    with pytest.raises(devices.HalfPrecisionError, match="non-finite logits in float16 .*use float32"):
+        devices.settle_dtype(copy.deepcopy(model).to(torch.float16), torch.float16, "float16", "twin:tiny-qwen2")
+    monkeypatch.setattr(devices, "finite_logits", lambda model: True)
+    assert devices.settle_dtype(half, torch.float16, None, "x")[1] == torch.float16, "a finite one is kept"
 
 
 def test_a_half_dtype_that_overflows_costs_the_benchmark_its_own_rows_only(monkeypatch, capsys):
@@ -77,7 +80,7 @@ def test_a_half_dtype_that_overflows_costs_the_benchmark_its_own_rows_only(monke
 
     def overflow(model, dtype, requested, name, verbose=True):
         if dtype == torch.bfloat16:
-            raise models.HalfPrecisionError(f"{name} gives non-finite logits in bfloat16 on cpu (half-precision overflow)")
+            raise devices.HalfPrecisionError(f"{name} gives non-finite logits in bfloat16 on cpu (half-precision overflow)")
         return real(model, dtype, requested, name, verbose)
 
     monkeypatch.setattr(models, "settle_dtype", overflow)
@@ -169,10 +172,10 @@ def test_the_notebook_sweep_leaves_out_a_row_whose_warm_up_runs_out_of_memory(mo
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return 0.1
 
-    monkeypatch.setattr(bench, "warm_up", warm_up)
+    monkeypatch.setattr(sweep_rows, "warm_up", warm_up)
     model = type("Model", (), {"device": torch.device("cpu")})()
     rows = [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted", 16), ("sorted", 32), ("sorted_prefix", 32)]
-    kept = bench.warm_up_fitting(model, None, None, [], {row: row for row in rows}, dict.fromkeys(rows), rows)
+    kept = sweep_rows.warm_up_fitting(model, None, None, [], {row: row for row in rows}, dict.fromkeys(rows), rows)
     assert kept == [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted_prefix", 32)]
     assert "sorted at batch 32: out of memory on cpu; left out (batch sizes 32)" in capsys.readouterr().out
     assert ("sorted", 4) in warmed, "the next size down warmed up instead"

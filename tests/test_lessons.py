@@ -6,7 +6,7 @@ import re
 import papermill
 import pytest
 
-from helpers.lessons import PRESET_ENV, WORKSHOP, apply_preset, preset_name
+from helpers.lessons import COMMON, DEFAULTS, PRESET_ENV, WORKSHOP, apply_preset, preset_name, settings_for
 from tests.test_notebooks import NOTEBOOKS, SOLUTIONS
 
 
@@ -51,12 +51,29 @@ def test_bad_presets_and_forgotten_parameters_get_one_line_errors(monkeypatch):
         apply_preset("07", "workshop", MODEL=None)
 
 
+def test_a_lesson_has_every_setting_by_default_and_refuses_an_unknown_one_in_one_line(monkeypatch):
+    monkeypatch.delenv(PRESET_ENV, raising=False)
+    settings, line = settings_for("03", {"RACE_BATCH": 8})
+    assert settings == {**COMMON, **DEFAULTS["03"], "RACE_BATCH": 8} and line is None
+    with pytest.raises(ValueError, match="lesson 03 has no setting RACE_BATCHES: its settings are MODEL, PRESET"):
+        settings_for("03", {"RACE_BATCHES": 8})
+    settings, line = settings_for("04", {"PRESET": "workshop", "BATCH_SIZES": [1, 2]})
+    assert settings["TICKETS_PER_POINT"] == 8 and settings["BATCH_SIZES"] == [1, 2]
+    assert line.startswith("workshop preset: MODEL='embedded', TICKETS_PER_POINT=8") and "yours kept: BATCH_SIZES" in line
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
 def test_every_notebook_takes_the_preset_for_every_parameter_it_sets(notebook):
-    """Each notebook declares PRESET and the parameters its preset entry sets, defaulting to None (so the preset
-    applies), and passes them all to apply_preset."""
-    declared = papermill.inspect_notebook(str(notebook))
+    """A lesson opened with open_lesson takes the preset for every setting it sets (each defaults to None there);
+    another notebook declares PRESET and those parameters, defaulting to None, and passes them to apply_preset."""
     key = "solutions" if notebook.parent.name == "solutions" else notebook.stem[:2]
+    code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
+                     if cell["cell_type"] == "code")
+    if f'open_lesson("{key}"' in code:
+        defaults = {**COMMON, **DEFAULTS[key]}
+        assert all(defaults[name] is None for name in WORKSHOP[key]), f"{key}: a preset setting must default to None"
+        return
+    declared = papermill.inspect_notebook(str(notebook))
     assert declared["PRESET"]["default"] == "None", f"{notebook.name}: PRESET must default to None"
     for name in WORKSHOP[key]:
         assert declared[name]["default"] == "None", \

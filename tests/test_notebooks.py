@@ -11,25 +11,18 @@ NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 # Worked solutions: solutions/NN_solutions.ipynb for lesson NN, one "## Exercise k" cell per exercise.
 SOLUTIONS = sorted((NOTEBOOK_DIR / "solutions").glob("[0-9][0-9]_*.ipynb"))
-# Small sizes for the suite: a tiny time budget, so each notebook sizes itself to its floors (the sizing code runs
-# as it does for a reader). Each notebook receives only the parameters it declares.
-SMALL = {
+# Small sizes for the suite. A lesson runs its recorded "test" configuration (helpers.costs.CONFIGS: every count
+# named, so its forward calls are the same on every machine and checked against the cost record); the solutions
+# run their own small sizes. Each notebook takes the parameters it declares, a lesson the rest in OPTIONS.
+SOLUTIONS_SMALL = {
     "MODEL": "embedded",
     "TIME_BUDGET_S": 5,
     "FULL_SCALE": False,
     "SHOT_COUNTS": [0, 3],
-    "FEW_SHOT": 3,  # the lessons' main prompt: 3 examples instead of 6 (shorter prompts, the same code)
+    "FEW_SHOT": 3,
     "REPEATS": 1,
 }
-# Where a lesson's floor is sized for reading (01's accuracy intervals need 90 tickets, 04's curve 8 tickets at 5
-# batch sizes), the suite names a smaller count: every cell and assertion still runs, and the sizing cell still
-# estimates it and says so. bfloat16 code paths are covered by the benchmark tests; the notebook runs float32 only.
-PER_NOTEBOOK = {
-    "01_constrained_output": {"N_TICKETS": 6},
-    "03_length_bucketing": {"N_TICKETS": 6, "N_PROBES": 3, "RACE_BATCH": 2, "ARTICLE_BATCH": None,
-                            "TICKETS_PER_POINT": 4, "DEMO_SHOTS": 3, "REPEATS": 2, "FEW_SHOT": 1},
-    "04_benchmarks": {"DTYPES": ["float32"], "TICKETS_PER_POINT": 4, "BATCH_SIZES": [1, 2], "OTHERS_AT": 2,
-                      "SHOTS": 1, "REPEATS": 2},  # 2: the summary's spread-dependent sentences run
+PER_SOLUTION = {
     "01_solutions": {"N_TICKETS": 12},
     "03_solutions": {"N_TICKETS": 6},
     "04_solutions": {"N_TICKETS": 4, "SHOTS": 1, "TWINS": ["embedded"], "N_FORCED": 2},  # exercise 2: another model than MODEL
@@ -40,12 +33,27 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
+def lesson_of(notebook: Path) -> str | None:
+    """"01" for a lesson opened with ``open_lesson`` and recorded in the cost record; None for 00 and solutions."""
+    from helpers.costs import CONFIGS
+
+    return notebook.stem[:2] if notebook.parent == NOTEBOOK_DIR and notebook.stem[:2] in CONFIGS else None
+
+
 def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = None):
-    """Execute a notebook with the small parameters it declares (and ``extra``), its outputs under tmp_path/out;
-    nothing may land in notebooks/ (lessons and solutions alike)."""
-    small = {**SMALL, **PER_NOTEBOOK.get(notebook.stem, {}), **(extra or {})}
-    parameters = {name: value for name, value in small.items() if name in declared}
-    parameters["OUTPUT_DIR"] = str(tmp_path / "out")
+    """Execute a notebook at small size (a lesson: its recorded test run; else the solutions' sizes it declares, and
+    ``extra``), its outputs under tmp_path/out; nothing may land in notebooks/ (lessons and solutions alike)."""
+    from helpers.costs import settings_for
+    from helpers.lessons import papermill_parameters
+
+    lesson = lesson_of(notebook)
+    if lesson is not None:
+        small = {**settings_for(lesson, "test"), "OUTPUT_DIR": str(tmp_path / "out"), **(extra or {})}
+        parameters = papermill_parameters(declared, small)
+    else:
+        small = {**SOLUTIONS_SMALL, **PER_SOLUTION.get(notebook.stem, {}), **(extra or {})}
+        parameters = {name: value for name, value in small.items() if name in declared}
+        parameters["OUTPUT_DIR"] = str(tmp_path / "out")
     before = sorted(NOTEBOOK_DIR.rglob("*"))
     executed = papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters,
                                           cwd=str(tmp_path), progress_bar=False, kernel_name="python3")
@@ -133,27 +141,55 @@ def test_notebook_is_stored_without_outputs(notebook):
     assert not dirty, f"{notebook.name}: cells {dirty} have outputs; clear them before committing"
 
 
+def code_before_first_section(notebook: Path) -> list[str]:
+    """The non-blank code lines before a lesson's "## 1." heading, the setup cell aside."""
+    lines = []
+    for cell in json.loads(notebook.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and re.search(r"^## 1\.", source, re.M):
+            return lines
+        if cell["cell_type"] == "code" and "setup" not in cell.get("metadata", {}).get("tags", []):
+            lines += [line for line in source.splitlines() if line.strip()]
+    raise AssertionError(f"{notebook.name} has no '## 1.' heading")
+
+
+@pytest.mark.parametrize("notebook", [nb for nb in NOTEBOOKS if not nb.stem.startswith("00")], ids=lambda path: path.stem)
+def test_a_lesson_reaches_its_first_idea_after_at_most_15_lines_of_code(notebook):
+    lines = code_before_first_section(notebook)
+    assert len(lines) <= 15, f"{notebook.name}: {len(lines)} lines of code before its first section:\n" + "\n".join(lines)
+    knobs = [name for name in papermill.inspect_notebook(str(notebook)) if name != "OPTIONS"]
+    assert 3 <= len(knobs) <= 5, f"{notebook.name}: {len(knobs)} parameters in sight ({knobs}); rarely used ones go in OPTIONS"
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_runs_at_small_size(notebook, tmp_path):
+def test_notebook_runs_at_small_size(notebook, tmp_path, monkeypatch):
+    """Every lesson runs at small size, says how many tickets it chose and why, and makes the forward calls its cost
+    record (helpers.costs) holds for that run: a pass added, removed or reshaped fails here until the record is
+    regenerated."""
+    from helpers import calls, costs
+
     declared = papermill.inspect_notebook(str(notebook))
+    lesson = lesson_of(notebook)
     assert "MODEL" in declared and ("N_TICKETS" in declared or "TICKETS_PER_POINT" in declared), \
         f"{notebook.name}: parameters cell is missing knobs"
-    sized = not notebook.stem.startswith("00")
-    if sized:
-        assert "TIME_BUDGET_S" in declared, f"{notebook.name}: no time budget parameter"
-    assert "OUTPUT_DIR" in declared, f"{notebook.name}: no OUTPUT_DIR parameter for its figures and CSVs"
+    if lesson is not None:
+        assert "TIME_BUDGET_S" in declared and "OPTIONS" in declared, f"{notebook.name}: no time budget or OPTIONS"
+        monkeypatch.setenv(calls.ENV, str(tmp_path / "calls.jsonl"))
+    else:
+        assert "OUTPUT_DIR" in declared, f"{notebook.name}: no OUTPUT_DIR parameter for its figures and CSVs"
     executed = run_small(notebook, declared, tmp_path)
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     saved = [line for line in printed_lines(executed) if "saved" in line]
     assert all(any(name in line for name in written) for line in saved), (saved, written)
+    if lesson is None:
+        return
     printed = "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", []))
-    if sized:
-        explicit = "N_TICKETS" in PER_NOTEBOOK.get(notebook.stem, {})
-        reasons = (("tickets: set explicitly (estimated",) if explicit else
-                   ("tickets: the fewest that keep the lesson visible", "within the 5 s budget",
-                    "below this lesson's floor", "each point at least"))
-        assert any(why in printed for why in reasons), \
-            f"{notebook.name}: the notebook must say how many tickets it chose and why"
+    assert any(why in printed for why in ("tickets: set explicitly (estimated", "each point at least")), \
+        f"{notebook.name}: the notebook must say how many tickets it chose and why"
+    recorded = calls.read(tmp_path / "calls.jsonl") if (tmp_path / "calls.jsonl").exists() else {}
+    changed = costs.differences(lesson, costs.cells_of(executed, recorded))
+    assert not changed, (f"{notebook.name} makes other forward calls than its cost record holds; regenerate the cost "
+                         f"record (python -m helpers costs --only {lesson}):\n" + "\n".join(changed))
 
 
 # The solutions run on the random-weight tiny Qwen2 (every cell and assertion, in seconds); their answers on the

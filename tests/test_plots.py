@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from helpers.models import ModelInfo
-from helpers.plots import plot_prompt_lengths, plot_prompt_split, plot_speedup_vs_prefix
+from helpers.plots import plot_prompt_lengths, plot_speedup_vs_prefix
+from helpers.drawings import plot_prompt_split
 
 INFO = ModelInfo(name="test-model", source="synthetic", n_params=0, dtype="float32", device="cpu", threads=2)
 
@@ -182,7 +183,7 @@ def test_the_saturation_figure_draws_one_long_sequence_beside_batched_rows_and_s
 def test_padded_batches_colour_ticket_tokens_as_every_figure_does(tmp_path):
     from matplotlib.colors import to_hex
 
-    from helpers.plots import BATCH_SHADES, SEGMENT_COLOURS, plot_padded_batches
+    from helpers.drawings import BATCH_SHADES, SEGMENT_COLOURS, plot_padded_batches
 
     lengths = [5, 9, 3, 7]
     fig, _ = plot_padded_batches(lengths, {"sorted": [[2, 0], [3, 1]]}, "caption", path=tmp_path / "p.png")

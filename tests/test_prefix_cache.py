@@ -10,7 +10,8 @@ from helpers.prefix_cache import (
     find_prefix_text,
     split_is_clean,
 )
-from helpers.scoring import LabelScorer, assert_agrees, score_one_by_one
+from helpers.scoring import LabelScorer, score_one_by_one
+from helpers.agreement import assert_agrees
 
 from .conftest import prompts_for
 

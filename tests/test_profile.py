@@ -5,15 +5,8 @@ import json
 import pytest
 
 from helpers import profile as profiles
-from helpers.profile import (
-    CallCost,
-    MachineProfile,
-    PlannedRun,
-    estimate_runs,
-    fit_to_budget,
-    machine_profile,
-    size_to_budget,
-)
+from helpers.sizing import PlannedRun, estimate_runs, fit_to_budget, size_to_budget
+from helpers.profile import CallCost, MachineProfile, machine_profile
 
 
 def synthetic(bf16: float = 400.0, fp32: float = 120.0, per_key: float = 0.0) -> MachineProfile:

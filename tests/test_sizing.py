@@ -1,10 +1,16 @@
-"""Each lesson's sizing (helpers.sizing): the count and rounds for its budget, derived sizes, and one line when all
-is well. A synthetic profile: 10 ms per forward call plus 1 ms per token, so the estimates are easy to reason about."""
+"""Sizing from the cost record (helpers.costs, helpers.sizing): a lesson's seconds are its recorded forward calls
+priced on a profile; the count, rounds and plans follow from them, one line per decision. A synthetic profile: 10 ms
+per forward call plus 1 ms per token, so the estimates are easy to reason about."""
+
+import copy
 
 import pytest
 
+from helpers import costs
+from helpers.lessons import COMMON, DEFAULTS
 from helpers.models import ModelInfo
-from helpers.sizing import lesson_01, lesson_02, lesson_03, lesson_04
+from helpers.rows import race_rows
+from helpers.sizing import size_lesson
 from tests.test_profile import synthetic
 
 REAL = ModelInfo(name="SmolLM2-135M-Instruct (embedded)", source="test", n_params=0, dtype="float32", device="cpu",
@@ -17,61 +23,95 @@ def tokenizer(embedded):
     return embedded[1]
 
 
+def run(n, calls, repeats=1, plan=None):
+    """A recorded run: cells of [rows, width, cached, in a round, count]."""
+    cells = {"0": {"source": "x", "plan": False, "calls": calls}}
+    if plan:
+        cells["1"] = {"source": "race", "plan": True, "calls": plan}
+    return {"params": {"N_TICKETS": n, "REPEATS": repeats}, "cells": cells}
+
+
+def test_a_lesson_costs_a_fixed_part_a_part_per_ticket_and_its_rounds():
+    profile = synthetic()  # 10 ms per call + 1 ms per token
+    record = {"version": 1, "calibration_tokens": 100.0, "lessons": {"99": {
+        # 2 fixed calls of 90 tokens; one call of 40 tokens per ticket; a timed round of one 10-token call per ticket
+        "a": run(4, [[1, 90, 0, 0, 2], [1, 40, 0, 0, 4], [1, 10, 0, 1, 4 * 3]], repeats=3),
+        "b": run(8, [[1, 90, 0, 0, 2], [1, 40, 0, 0, 8], [1, 10, 0, 1, 8 * 3]], repeats=3)}}}
+    cost = costs.lesson_cost("99", profile, record=record)
+    assert cost.fixed == pytest.approx(2 * 0.1) and cost.per_ticket == pytest.approx(0.05)
+    assert cost.round_fixed == pytest.approx(0, abs=1e-12) and cost.round_per_ticket == pytest.approx(0.02)
+    assert cost.seconds(100, rounds=2) == pytest.approx(0.2 + 100 * 0.05 + 2 * 100 * 0.02)
+
+
+def test_a_plan_cell_is_priced_as_its_plan_times_the_recorded_factor():
+    profile = synthetic()
+    plan_calls = [[4, 50, 0, 1, 6]]  # what the plan cell ran: 6 calls, 4 rows of 50 tokens
+    record = {"version": 1, "calibration_tokens": 100.0, "lessons": {"99": {"a": run(4, [[1, 10, 0, 0, 1]], plan=plan_calls)}}}
+    recorded = costs.priced(plan_calls, profile)
+    cost = costs.lesson_cost("99", profile, record=record, plan_price=lambda params: recorded / 2)
+    assert cost.plan_factor == pytest.approx(2.0), "warm-ups and references around the plan's timed batches"
+    assert cost.seconds(plan_s=10) == pytest.approx(0.02 + 20)
+
+
+def test_another_tokenizer_scales_every_recorded_token_count(tokenizer):
+    profile = synthetic()
+    record = {"version": 1, "calibration_tokens": costs.calibration_tokens(tokenizer) / 2,
+              "lessons": {"99": {"a": run(1, [[1, 100, 0, 0, 1]])}}}
+    assert costs.lesson_cost("99", profile, tokenizer, record=record).fixed == pytest.approx(0.01 + 0.2)
+
+
+def test_a_pass_added_to_a_notebook_differs_from_its_record_and_names_the_cell():
+    recorded = costs.load_record()["lessons"]["02"]["test"]["cells"]
+    assert not costs.differences("02", recorded), "a run identical to the record"
+    added = copy.deepcopy(recorded)
+    cell = next(iter(added))
+    added[cell]["calls"] = sorted(added[cell]["calls"] + [[1, 57, 0, 0, 1]])
+    changed = costs.differences("02", added)
+    assert len(changed) == 1 and changed[0].startswith(f"cell {cell} (") and "forward calls over prompts" in changed[0]
+    fewer_steps = copy.deepcopy(recorded)
+    fewer_steps["99"] = {"source": "new cell", "plan": False, "calls": [[1, 12, 0, 0, 1]]}
+    assert "makes forward calls now, unlike the record" in costs.differences("02", fewer_steps)[0]
+
+
+def sized(lesson, tokenizer, info=REAL, budget=10_000, **given):
+    settings = {**COMMON, **DEFAULTS[lesson], "TIME_BUDGET_S": budget, **given}
+    return size_lesson(lesson, settings, {**COMMON, **DEFAULTS[lesson]}, tokenizer, synthetic(), info)
+
+
 def test_lesson_01_keeps_its_accuracy_floor_and_a_twin_gives_way_to_its_minimum(tokenizer):
-    profile = synthetic()
-    real = lesson_01(tokenizer, profile, REAL, budget_s=1)
-    assert real.n == 90 and real.repeats == 2, "accuracy needs 90 tickets, whatever the budget"
-    assert (real["generate"], real["probes"]) == (3, 2)
-    twin = lesson_01(tokenizer, profile, TWIN, budget_s=1)
-    assert twin.n == 3 and "below this lesson's floor of 6" in str(twin) and "random weights" in str(twin)
-    assert twin["probes"] == 1 and "1 probe" in str(twin), "below the floor, the checks run on one probe"
-    roomy = lesson_01(tokenizer, profile, REAL, budget_s=10_000)
-    assert roomy.n > 90 and roomy.repeats == 3 and len(roomy.lines) == 1, str(roomy)
-    assert f"{roomy['generate']} for the generate-vs-score race" in str(roomy)
+    values, lines = sized("01", tokenizer, budget=1)
+    assert values["N_TICKETS"] == 90 and values["REPEATS"] == 2, "accuracy needs 90 tickets, whatever the budget"
+    values, lines = sized("01", tokenizer, TWIN, budget=0.5)
+    assert values["N_TICKETS"] == 3 and values["N_PROBES"] == 1, lines
+    assert "random weights" in lines[0] and "below this lesson's floor of 6" in " ".join(lines)
+    values, lines = sized("01", tokenizer)
+    assert values["N_TICKETS"] == 300 and values["REPEATS"] == 3 and len(lines) == 1, lines
+    values, lines = sized("01", tokenizer, budget=1, N_TICKETS=12)
+    assert values["N_TICKETS"] == 12 and "12 tickets: set explicitly (estimated" in lines[0]
 
 
-def test_lesson_02_and_03_derive_their_sweeps_from_the_count(tokenizer):
-    profile = synthetic()
-    two = lesson_02(tokenizer, profile, REAL, budget_s=10_000)
-    assert two["scaling"] == max(4, two.n // 2) and len(two.lines) == 2 - 1
-    assert lesson_02(tokenizer, profile, REAL, budget_s=0.1).n == 3
-    three = lesson_03(tokenizer, profile, REAL, budget_s=10_000)
-    assert three["batch_size"] == min(16, three.n // 4) and three["race_batch"] == 32, "a roomy budget races at 32"
-    assert len(three["pool_lengths"]) == 600 and "the race at batch 32" in str(three), str(three)
-    explicit = lesson_03(tokenizer, profile, REAL, budget_s=0.1, n=6, batch_size=3, race_batch=8)
-    assert (explicit.n, explicit["batch_size"], explicit["race_batch"]) == (6, 3, 8) and "set explicitly" in str(explicit)
-    tight = lesson_03(tokenizer, profile, REAL, budget_s=0.1)
-    assert tight["race_batch"] == 4 and "batch 32 would need" in str(tight), "the race gives way to smaller batches"
-
-
-def test_lesson_03s_race_draws_every_strategy_and_the_articles_size_where_it_races_smaller():
-    from helpers.sizing import race_rows
-
+def test_lesson_02_and_03_derive_their_sizes_from_the_count_and_the_race_from_its_plan(tokenizer):
+    values, lines = sized("02", tokenizer)
+    assert values["N_SCALING"] == max(4, values["N_TICKETS"] // 2) and len(lines) == 1
+    assert sized("02", tokenizer, budget=0.01)[0]["N_TICKETS"] == 3
+    values, lines = sized("03", tokenizer)
+    assert values["RACE_BATCH"] == 32 and values["BATCH_SIZE"] == min(16, values["N_TICKETS"] // 4), lines
+    values, lines = sized("03", tokenizer, budget=0.01)
+    assert values["RACE_BATCH"] == 4 and "batch 32 would need" in " ".join(lines), "the race gives way to smaller batches"
+    assert values["ARTICLE_BATCH"] is None and values["TICKETS_PER_POINT"] == 4, lines
+    values, _ = sized("03", tokenizer, budget=0.01, N_TICKETS=6, BATCH_SIZE=3, RACE_BATCH=8)
+    assert (values["N_TICKETS"], values["BATCH_SIZE"], values["RACE_BATCH"]) == (6, 3, 8)
     assert race_rows(8) == {"loop": ("loop", 1), "arbitrary": ("arbitrary", 8), "sorted": ("sorted", 8),
                             "token_budget": ("token_budget", 8), "sorted, 32": ("sorted", 32)}
-    assert "sorted, 32" not in race_rows(32) and "sorted, 32" not in race_rows(8, None)
-
-
-STRATEGIES = ["loop", "loop_prefix", "arbitrary", "sorted", "sorted_prefix"]
 
 
 def test_lesson_04_buys_points_of_the_sweep_half_precision_first_then_the_costliest_points(tokenizer):
-    profile = synthetic()
-    roomy = lesson_04(tokenizer, profile, REAL, 10_000, ["float32", "bfloat16"], strategies=STRATEGIES)
-    assert roomy["dtypes"] == ["float32", "bfloat16"] and roomy["batch_sizes"] == [1, 2, 4, 8, 16, 32]
-    assert len(roomy.lines) == 1 and "within the 10000 s budget" in str(roomy), str(roomy)
-    assert ("arbitrary", 8) in roomy["rows"] and ("loop_prefix", 1) in roomy["rows"]
-    tight = lesson_04(tokenizer, profile, REAL, 1, ["float32", "bfloat16"], strategies=STRATEGIES)
-    assert tight["dtypes"] == ["float32"] and tight["skipped"] and "bfloat16 skipped" in str(tight)
-    assert all(size <= 4 for _, size in tight["rows"]) and "left out: " in str(tight), "the costliest points went"
-    assert {("loop", 1), ("loop_prefix", 1), ("sorted", 2), ("sorted_prefix", 4)} <= set(tight["rows"])
-    assert tight["per_point"] == 4 and "4 tickets per point instead of 8" in str(tight), str(tight)
-    # between the two: some points bought, the costliest left out first
-    middle = lesson_04(tokenizer, profile, REAL, 40, ["float32"], strategies=STRATEGIES)
-    kept = set(middle["rows"])
-    assert ("sorted", 32) not in kept or ("sorted_prefix", 32) in kept, "rows without the cache cost more per point"
-    named = lesson_04(tokenizer, profile, REAL, 0.1, ["float32", "bfloat16"], strategies=STRATEGIES, dtypes_named=True,
-                      batch_sizes=[1, 2])
-    assert named["dtypes"] == ["float32", "bfloat16"] and named["batch_sizes"] == [1, 2, 8], "named never give way"
-    assert lesson_04(tokenizer, profile, REAL, 10, ["bfloat16"], strategies=STRATEGIES)["dtypes"][0] == "float32", \
-        "float32 always runs first: its loop is the reference"
+    roomy, lines = sized("04", tokenizer)
+    assert roomy["DTYPES"] == ["float32", "bfloat16"] and roomy["BATCH_SIZES"] == [1, 2, 4, 8, 16, 32], lines
+    assert "within the 10000 s budget" in lines[-1] and ("loop_prefix", 1) in roomy["rows"]
+    tight, lines = sized("04", tokenizer, budget=1)
+    assert tight["DTYPES"] == ["float32"] and "bfloat16 skipped" in lines[0]
+    assert all(size <= 4 for _, size in tight["rows"]) and "left out: " in lines[-1], "the costliest points went"
+    assert tight["TICKETS_PER_POINT"] == 4 and "4 tickets per point instead of 8" in lines[-1]
+    named, _ = sized("04", tokenizer, budget=0.1, DTYPES=["float32", "bfloat16"], BATCH_SIZES=[1, 2])
+    assert named["DTYPES"] == ["float32", "bfloat16"] and named["BATCH_SIZES"] == [1, 2], "named never give way"

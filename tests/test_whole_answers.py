@@ -12,15 +12,9 @@ import pandas as pd
 import pytest
 
 from helpers.data import build_prompt
-from helpers.scoring import (
-    LabelScorer,
-    end_of_answer_ids,
-    end_of_answer_text,
-    extending_pair,
-    extending_pairs,
-    mcnemar_exact,
-    score_one_by_one,
-)
+from helpers.scoring import LabelScorer, end_of_answer_ids, end_of_answer_text, extending_pairs, score_one_by_one
+from helpers.labels import extending_pair
+from helpers.stats import mcnemar_exact
 
 EXTENDING = ["account", "account change", "billing"]
 # The tickets of the issue: three ask to change something on the account.
@@ -145,7 +139,8 @@ def test_the_issue_command_can_return_the_longer_label(tmp_path, capsys):
 
 def test_classify_refuses_such_labels_before_the_model_loads(tmp_path, monkeypatch, fresh_tokenizer):
     from helpers import models
-    from helpers.classify import InputError, classify_file
+    from helpers.classify import classify_file
+    from helpers.tables import InputError
 
     fresh_tokenizer.chat_template = PLAIN_TEMPLATE
     monkeypatch.setattr(models, "load_tokenizer", lambda name=None: fresh_tokenizer)

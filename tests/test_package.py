@@ -1,0 +1,47 @@
+"""The package follows the lessons: modules readable at a sitting, each named in its page, each teaching function
+naming the lesson section that builds it, lesson 01 free of the benchmarking and sizing machinery."""
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+MODULES = sorted(p for p in (ROOT / "helpers").glob("*.py") if p.stem not in ("__init__", "__main__"))
+TEACHING = ["generation", "scoring", "labels", "agreement", "stats", "prefix_cache", "batching", "sweep", "rows", "data"]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)
+def test_every_module_is_readable_at_a_sitting_and_named_in_the_package_page(module):
+    lines = len(module.read_text().splitlines())
+    assert lines <= 400, f"helpers/{module.name} is {lines} lines: split it by concern"
+    assert f"`helpers.{module.stem}`" in (ROOT / "docs" / "package.md").read_text(), \
+        f"helpers.{module.stem} is missing from docs/package.md's table of modules"
+
+
+@pytest.mark.parametrize("module", TEACHING)
+def test_every_teaching_function_names_the_lesson_section_that_builds_it(module):
+    tree = ast.parse((ROOT / "helpers" / f"{module}.py").read_text())
+    silent = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+              and not node.name.startswith("_") and "Notebook 0" not in (ast.get_docstring(node) or "")]
+    assert not silent, f"helpers.{module}: no 'Notebook NN, section S.' in the docstrings of {', '.join(silent)}"
+
+
+def imported_modules(notebook: Path) -> set[str]:
+    code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
+                     if cell["cell_type"] == "code")
+    return set(re.findall(r"^\s*from helpers\.(\w+) import", code, re.M)) | set(re.findall(r"^\s*import helpers\.(\w+)", code, re.M))
+
+
+def test_lesson_01_imports_neither_benchmarking_nor_sizing():
+    imported = imported_modules(next((ROOT / "notebooks").glob("01_*.ipynb")))
+    assert not imported & {"bench", "rows", "roofs", "sweep", "sizing", "costs", "calls"}, sorted(imported)
+
+
+def test_the_front_page_is_a_front_page():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 10_500, f"README.md is {size} bytes: move reference material to docs/"
+    for page in re.findall(r"\]\((docs/[\w.-]+\.md)", (ROOT / "README.md").read_text()):
+        assert (ROOT / page).is_file(), f"README.md links to {page}, which does not exist"
