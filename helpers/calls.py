@@ -42,7 +42,7 @@ def _count(module, args, kwargs) -> None:
         ids = kwargs.get("inputs_embeds")
     if ids is None:
         return
-    past = kwargs.get("past_key_values")
+    past = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5 calls it cache
     cached = int(past.get_seq_length()) if past is not None and hasattr(past, "get_seq_length") else 0
     _COUNTS[int(ids.shape[0]), int(ids.shape[1]), cached, _IN_ROUND.get()] += 1
 

@@ -2,11 +2,11 @@
 
 A lesson sizes itself before any model runs, so it needs its own model time in advance. Rather than a second,
 hand-kept list of each lesson's passes, the notebooks' calls are recorded (``helpers.calls``, a forward hook) and
-committed in ``costs.json``, three runs of each lesson on the embedded model (``CONFIGS``):
+committed in ``costs.json``: runs of each lesson on the embedded model (``CONFIGS``):
 
 - ``test``: the test suite's small run. The suite records it again on every run and fails with "regenerate the
   cost record" when a notebook's calls change (a pass added, removed or reshaped);
-- ``a`` and ``b``: the lesson's defaults at two ticket counts. Priced on a profile, they give the lesson's seconds
+- ``a`` and ``b``: the lesson's defaults at two ticket counts (04, which sizes no ticket count, has ``a`` only). Priced on a profile, they give the lesson's seconds
   as a fixed part plus a part per ticket (``LessonCost``); calls inside timed rounds (``timing.compare``) scale with
   the rounds.
 
@@ -200,7 +200,11 @@ def run_recorded(lesson: str, run: str, workdir: Path, progress: bool = False) -
             os.environ.pop(calls.ENV, None)
         else:
             os.environ[calls.ENV] = previous
-    return {"params": CONFIGS[lesson][run], "cells": cells_of(executed, calls.read(log) if log.exists() else {})}
+    from .lessons import COMMON as LESSON_COMMON, DEFAULTS
+
+    used = {**LESSON_COMMON, **DEFAULTS[lesson], **settings_for(lesson, run)}  # every setting, REPEATS included
+    used.pop("OUTPUT_DIR", None)
+    return {"params": used, "cells": cells_of(executed, calls.read(log) if log.exists() else {})}
 
 
 def regenerate(lessons=None, path: Path = RECORD_PATH, progress: bool = True) -> Path:
@@ -242,8 +246,7 @@ def differences(lesson: str, cells: dict[str, dict], run: str = "test", record: 
         now, then = cells.get(key), recorded["cells"].get(key)
         name = f"cell {key} ({(now or then)['source']!r})"
         if now is None or then is None:
-            lines.append(f"{name} {'makes no forward call now' if now is None else 'makes forward calls now'}, "
-                         f"{'unlike' if then is None else 'but did when'} the record")
+            lines.append(f"{name} {'makes no forward call now, but did in the record' if now is None else 'makes forward calls now, unlike the record'}")
             continue
         (prefill_now, decode_now), (prefill_then, decode_then) = split(now["calls"]), split(then["calls"])
         if prefill_now != prefill_then:

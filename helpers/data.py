@@ -187,7 +187,7 @@ FEW_SHOT_EXAMPLES: list[tuple[str, str]] = [
 
 
 def few_shot_examples(k: int) -> list[tuple[str, str]]:
-    """The first ``k`` curated examples (balanced across labels for k a multiple of 3). Notebook 00, sections 3-4."""
+    """The first ``k`` curated examples (balanced across labels for k a multiple of 3). Notebook 01, section 1."""
     if not 0 <= k <= len(FEW_SHOT_EXAMPLES):
         raise ValueError(f"k must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {k}")
     return FEW_SHOT_EXAMPLES[:k]

@@ -87,7 +87,7 @@ COMMON = dict(
     MODEL=None,         # None: $SLM_MODEL, else Qwen2.5-0.5B-Instruct, else the embedded model
     PRESET=None,        # None: $SLM_PRESET; "workshop": the embedded model and the reference run's sizes everywhere
     DTYPE="float32",    # float32 on every device; "float16" or "bfloat16" opt into low precision (looser checks, said)
-    FULL_SCALE=False,   # True: the reference's 600 tickets (far beyond the budget on a CPU)
+    FULL_SCALE=False,   # True: 01-02 on the reference's 600 tickets; 03's race and 04's sweep on every batch of their plans
     OUTPUT_DIR=None,    # None: runs/ at the repository root. Figures and CSVs go there, never into notebooks/
     SEED=0,
 )
@@ -95,7 +95,7 @@ DEFAULTS = {
     "01": dict(
         TIME_BUDGET_S=80,   # model time for the notebook; the ticket count follows from your machine's profile
         N_TICKETS=None,     # None: sized to the budget (at least 90; 6, or down to 3, for a random-weight twin)
-        N_GENERATE=4,       # tickets of the generate-vs-score race (sections 1-2)
+        N_GENERATE=3,       # tickets of the generate-vs-score race (sections 1-2), at most N_TICKETS
         N_PROBES=None,      # None: 2 (1 where the floor gave way). Tickets checked against the slow forward and the loop
         BATCH_SIZE=8,       # rows per batch on the fast path of sections 4-6 (sorted batches on a cached prefix)
         REPEATS=3,          # timed rounds of the generate-vs-score race, alternating
@@ -135,7 +135,7 @@ DEFAULTS = {
 }
 
 
-def settings_for(lesson: str, given: dict) -> dict:
+def settings_for(lesson: str, given: dict) -> tuple[dict, str | None]:
     """The lesson's settings: its defaults under ``given`` (a setting the lesson does not have is a one-line error),
     under the preset in force wherever a setting was left at None (its line is returned too)."""
     if lesson not in DEFAULTS:
@@ -194,10 +194,11 @@ def open_lesson(lesson: str, **given) -> Lesson:
     """Open lesson ``lesson`` ("01" to "04") with ``given`` settings (the rest at ``DEFAULTS``): apply the preset,
     check the environment, load the model, choose the tolerance, read (or measure) the machine profile, size the
     lesson to its time budget, create the output folder. Prints at most three lines: model · dtype · device and
-    the checks' tolerance; the sizes chosen and why; anything that warns."""
+    the checks' tolerance; the sizes chosen and why; anything that warns (the first time on a machine, measuring
+    the profile also says so)."""
     from .agreement import tolerance_for
     from .environment import check_environment
-    from .models import load_model
+    from .models import DEFAULT_MODEL, load_model
     from .outputs import output_dir
     from .profile import machine_profile, profile_path
     from .sizing import size_lesson
@@ -205,7 +206,7 @@ def open_lesson(lesson: str, **given) -> Lesson:
     settings, preset_line = settings_for(lesson, given)
     warnings = [line for line in check_environment(settings["MODEL"], brief=True).splitlines()[1:]]
     out = output_dir(settings["OUTPUT_DIR"])
-    model, tokenizer, info = load_model(settings["MODEL"], dtype=settings["DTYPE"])
+    model, tokenizer, info = load_model(settings["MODEL"], dtype=settings["DTYPE"], verbose=False)
     tol = tolerance_for(model.dtype)
     # silent when notebook 00 measured it already; measuring (about a minute) says so
     profile = machine_profile(model, info, verbose=not profile_path(info, model.device).is_file())
@@ -214,6 +215,10 @@ def open_lesson(lesson: str, **given) -> Lesson:
     settings.update(sized)
     if preset_line:
         warnings.insert(0, preset_line)
+    if info.fallback_reason:
+        warnings.insert(0, f"{DEFAULT_MODEL} is {info.fallback_reason}: using the embedded model instead")
+    if settings["DTYPE"] not in (None, info.dtype):
+        warnings.append(f"{settings['DTYPE']} gave non-finite logits here: {info.dtype} instead")
     if info.timing_only:
         warnings.append("random weights: every accuracy is meaningless; the timings and the agreement checks hold")
     lines = [f"{info.short()} · checks: {tol}", "; ".join(sizing_lines)]

@@ -11,7 +11,7 @@ in multiply-adds x 2, per ticket with s own tokens and c label-continuation toke
 
 Not useful: padding, the prefix (computed once, outside the timing), softmax, norms and the rest of the
 elementwise work. The roof is one matmul of the model's MLP shape at a size that keeps the device busy
-(``profile.roof_shape``), the fastest of several steady blocks (a maximum, ``profile.matmul_gflops``), so
+(``measure.roof_shape``), the fastest of several steady blocks (a maximum, ``measure.matmul_gflops``), so
 ``roof_fraction`` stays below 1. Where the row's own kernels, timed alone, do more useful work per second than
 that measurement, the roof is raised to their rate and the frame says so (``attrs["roof_raised"]``): a roof is
 an upper bound of what was measured in the run.

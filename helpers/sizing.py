@@ -1,8 +1,9 @@
 """Sizing work by time: the largest count whose estimated seconds fit a budget, each decision in one line.
 
 ``fit_to_budget`` gives a lesson its ticket count and timed rounds from an estimate (``helpers.costs`` prices a
-lesson from the forward calls it really makes); ``estimate_runs`` prices planned passes over prompts on the machine
-profile (notebook 02's ideal saving, the sweeps' plans).
+lesson from the forward calls it really makes); ``race_seconds`` and ``sweep_seconds`` price the drawn batches of
+03's race and 04's sweep (``Draw.predicted_seconds``); ``estimate_runs`` prices planned passes over prompts on the
+machine profile (notebook 02's ideal saving).
 """
 
 from __future__ import annotations
@@ -152,16 +153,16 @@ TWIN_FLOORS = {"01": (6, 3, 300)}
 
 
 @functools.lru_cache(maxsize=8)
-def _pool(tokenizer, shots: int) -> tuple[int, tuple[int, ...], int]:
+def _pool(tokenizer, shots: int, seed: int = 0) -> tuple[int, tuple[int, ...], int]:
     """(cached prefix tokens, whole prompt tokens of the 600 article tickets, label tokens after each) with
-    ``shots`` examples (0: no prefix is cached)."""
+    ``shots`` examples (0: no prefix is cached), the tickets of ``seed`` as the notebooks draw them."""
     from .data import LABELS, build_prompt, encode_prompt, encode_prompts, few_shot_examples, make_tickets
     from .prefix_cache import find_prefix_text
     from .scoring import LabelScorer
     from .sweep import POOL
 
     examples = few_shot_examples(shots)
-    texts = make_tickets(POOL, seed=0, style="article")["text"]
+    texts = make_tickets(POOL, seed=seed, style="article")["text"]
     lengths = tuple(map(len, encode_prompts(tokenizer, [build_prompt(tokenizer, t, LABELS, examples) for t in texts])))
     prefix = len(encode_prompt(tokenizer, find_prefix_text(tokenizer, labels=LABELS, examples=examples))) if shots else 0
     return prefix, lengths, len(LabelScorer(tokenizer, LABELS).tail)
@@ -173,7 +174,7 @@ def race_seconds(profile: MachineProfile, tokenizer, settings: dict) -> float:
     from .rows import race_rows, row_draw
     from .sweep import MIN_TICKETS
 
-    _, lengths, tail = _pool(tokenizer, 0)
+    _, lengths, tail = _pool(tokenizer, 0, settings.get("SEED", 0))
     per_point = None if settings.get("FULL_SCALE") else (settings.get("TICKETS_PER_POINT") or MIN_TICKETS)
     racing = race_rows(settings["RACE_BATCH"], None)
     total = 0.0
@@ -188,7 +189,7 @@ def sweep_seconds(profile: MachineProfile, tokenizer, settings: dict, rows=None,
     from .rows import plan_rows, row_draw, sweep_batch_sizes
     from .sweep import MIN_TICKETS, SWEEP_STRATEGIES
 
-    prefix, lengths, tail = _pool(tokenizer, settings["SHOTS"])
+    prefix, lengths, tail = _pool(tokenizer, settings["SHOTS"], settings.get("SEED", 0))
     per_point = None if settings.get("FULL_SCALE") else (settings.get("TICKETS_PER_POINT") or MIN_TICKETS)
     if rows is None:
         sizes = settings.get("BATCH_SIZES") or sweep_batch_sizes(profile.device)
@@ -225,14 +226,17 @@ def size_lesson(lesson: str, settings: dict, defaults: dict, tokenizer, profile:
     if info.timing_only and lesson in TWIN_FLOORS:
         lines.append(f"random weights: the {FLOORS[lesson][0]}-ticket accuracy floor is skipped (accuracy is "
                      f"meaningless): the floor is {floor} tickets")
-    explicit = settings["N_TICKETS"]
-    if settings.get("FULL_SCALE"):
+    explicit, full = settings["N_TICKETS"], settings.get("FULL_SCALE")
+    if full and lesson in ("01", "02"):  # the reference series' 600 tickets everywhere
         explicit = 600
-        sized["N_GENERATE"] = 600 if lesson == "01" else settings.get("N_GENERATE")
     race = settings.get("RACE_BATCH")
     if lesson == "03":
         race_settings = dict(settings)
-        race, lines = _size_race(settings, tokenizer, profile, cost, floor, race_settings, lines)
+        if full:  # the race at the article's batch size on every batch of each plan; the sections still sized
+            race = race or 32
+            race_settings["TICKETS_PER_POINT"] = None
+        else:
+            race, lines = _size_race(settings, tokenizer, profile, cost, floor, race_settings, lines)
         sized.update(RACE_BATCH=race, ARTICLE_BATCH=race_settings["ARTICLE_BATCH"],
                      TICKETS_PER_POINT=race_settings["TICKETS_PER_POINT"])
         race_s = functools.lru_cache(lambda rounds: cost.plan_factor * race_seconds(
@@ -245,14 +249,15 @@ def size_lesson(lesson: str, settings: dict, defaults: dict, tokenizer, profile:
     sized.update(N_TICKETS=n, REPEATS=fit.repeats)
     derived = ""
     if lesson == "01":
+        sized["N_GENERATE"] = n if full else min(settings["N_GENERATE"], n)
         sized["N_PROBES"] = settings["N_PROBES"] or (1 if gave_way else 2)
-        derived = f"{settings['N_GENERATE']} for the generate-vs-score race, {sized['N_PROBES']} probe(s)"
+        derived = f"{sized['N_GENERATE']} for the generate-vs-score race, {sized['N_PROBES']} probe(s)"
     elif lesson == "02":
-        sized["N_SCALING"] = settings["N_SCALING"] or min(n, max(4, n // 2))
+        sized["N_SCALING"] = settings["N_SCALING"] or (n if full else min(n, max(4, n // 2)))
         derived = f"{sized['N_SCALING']} per point of the scaling sweep"
     elif lesson == "03":
         batch = settings["BATCH_SIZE"] or int(min(16, max(2, n // 4)))
-        lengths = sorted(_pool(tokenizer, 0)[1][:n])
+        lengths = sorted(_pool(tokenizer, 0, settings["SEED"])[1][:n])
         sized.update(BATCH_SIZE=batch, TOKEN_BUDGET=settings["TOKEN_BUDGET"] or int(batch * lengths[len(lengths) // 2]))
         derived = f"batch size {batch} (sections 3-6), token budget {sized['TOKEN_BUDGET']}"
     lines += fit.lines

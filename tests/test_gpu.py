@@ -17,11 +17,12 @@ from helpers.bench import run_benchmark
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 from helpers.devices import pick_dtype
+from helpers.lessons import COMMON, DEFAULTS
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
 from helpers.agreement import assert_agrees, tolerance_for
 
-from .test_notebooks import NOTEBOOKS, SOLUTIONS, run_small
+from .test_notebooks import NOTEBOOKS, SOLUTIONS, lesson_of, run_small
 
 ACCELERATOR = ("cuda" if torch.cuda.is_available()
                else "mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else None)
@@ -40,9 +41,13 @@ def on_gpu():
 def test_the_notebooks_run_on_the_gpu(notebook, dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("SLM_DEVICE", ACCELERATOR)
     declared = papermill.inspect_notebook(str(notebook))
-    if dtype != "float32" and "DTYPE" not in declared and "DTYPES" not in declared:
+    lesson = lesson_of(notebook)  # a lesson takes any setting, DTYPE or DTYPES, in OPTIONS
+    known = set(declared) | (set(COMMON) | set(DEFAULTS[lesson]) if lesson else set())
+    if lesson == "04":
+        known.discard("DTYPE")
+    if dtype != "float32" and "DTYPE" not in known and "DTYPES" not in known:
         pytest.skip(f"{notebook.name} has no dtype parameter")
-    extra = {"DTYPE": dtype} if "DTYPE" in declared else {"DTYPES": sorted({"float32", dtype})}
+    extra = {"DTYPE": dtype} if "DTYPE" in known else {"DTYPES": sorted({"float32", dtype})}
     executed = run_small(notebook, declared, tmp_path, extra=extra)
     printed = "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", []))
     assert f"· {ACCELERATOR}" in printed or ACCELERATOR in printed, f"{notebook.name} did not say it ran on {ACCELERATOR}"

@@ -115,3 +115,14 @@ def test_lesson_04_buys_points_of_the_sweep_half_precision_first_then_the_costli
     assert tight["TICKETS_PER_POINT"] == 4 and "4 tickets per point instead of 8" in lines[-1]
     named, _ = sized("04", tokenizer, budget=0.1, DTYPES=["float32", "bfloat16"], BATCH_SIZES=[1, 2])
     assert named["DTYPES"] == ["float32", "bfloat16"] and named["BATCH_SIZES"] == [1, 2], "named never give way"
+
+
+def test_full_scale_runs_every_ticket_and_every_batch_and_a_twin_races_no_more_tickets_than_it_has(tokenizer):
+    one, _ = sized("01", tokenizer, FULL_SCALE=True)
+    assert one["N_TICKETS"] == one["N_GENERATE"] == 600
+    two, _ = sized("02", tokenizer, FULL_SCALE=True)
+    assert two["N_TICKETS"] == two["N_SCALING"] == 600
+    three, _ = sized("03", tokenizer, budget=1, FULL_SCALE=True)
+    assert three["RACE_BATCH"] == 32 and three["TICKETS_PER_POINT"] is None, "the article's batch, every batch"
+    twin, _ = sized("01", tokenizer, TWIN, budget=0.5)
+    assert twin["N_GENERATE"] <= twin["N_TICKETS"] == 3
