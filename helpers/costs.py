@@ -41,11 +41,11 @@ PLAN_TAG = "plan"
 # The runs recorded per lesson, all on the embedded model in float32: "test" is the suite's (small prompts, few
 # rounds), "a" and "b" the lesson's defaults at two ticket counts (everything the lesson would size, named).
 CONFIGS = {
-    "01": {"test": dict(N_TICKETS=6, SHOT_COUNTS=[0, 3], FEW_SHOT=3, REPEATS=1, N_GENERATE=3),
+    "01": {"test": dict(N_TICKETS=4, SHOT_COUNTS=[0, 3], FEW_SHOT=3, REPEATS=1, N_GENERATE=2),
+           "a": dict(N_TICKETS=8), "b": dict(N_TICKETS=16)},  # whole batches of 8 (BATCH_SIZE): a slope per full batch
+    "02": {"test": dict(N_TICKETS=3, SHOT_COUNTS=[0, 3], FEW_SHOT=3, REPEATS=1),
            "a": dict(N_TICKETS=6), "b": dict(N_TICKETS=12)},
-    "02": {"test": dict(N_TICKETS=4, SHOT_COUNTS=[0, 3], FEW_SHOT=3, REPEATS=1),
-           "a": dict(N_TICKETS=6), "b": dict(N_TICKETS=12)},
-    "03": {"test": dict(N_TICKETS=6, N_PROBES=3, RACE_BATCH=2, ARTICLE_BATCH=None, TICKETS_PER_POINT=4,
+    "03": {"test": dict(N_TICKETS=4, N_PROBES=2, RACE_BATCH=2, ARTICLE_BATCH=None, TICKETS_PER_POINT=4,
                         DEMO_SHOTS=3, REPEATS=2, FEW_SHOT=1),
            "a": dict(N_TICKETS=8, RACE_BATCH=4, ARTICLE_BATCH=None), "b": dict(N_TICKETS=16, RACE_BATCH=4, ARTICLE_BATCH=None)},
     "04": {"test": dict(DTYPES=["float32"], TICKETS_PER_POINT=4, BATCH_SIZES=[1, 2], OTHERS_AT=2, SHOTS=1, REPEATS=2),
@@ -215,16 +215,16 @@ def regenerate(lessons=None, path: Path = RECORD_PATH, progress: bool = True) ->
     lessons = list(lessons or CONFIGS)
     kept = old.get("lessons", {}) if old.get("version") == RECORD_VERSION else {}
     record = {"version": RECORD_VERSION, "model": "embedded", "dtype": "float32",
-              "calibration_tokens": calibration_tokens(load_tokenizer("embedded")),
-              "lessons": {name: runs for name, runs in kept.items() if name not in lessons}}
+              "calibration_tokens": calibration_tokens(load_tokenizer("embedded")), "lessons": dict(kept)}
     with tempfile.TemporaryDirectory() as tmp:
         for lesson in lessons:
-            record["lessons"][lesson] = {}
+            runs = {}
             for run in CONFIGS[lesson]:
                 print(f"recording lesson {lesson}, run {run}: {CONFIGS[lesson][run]}", flush=True)
-                record["lessons"][lesson][run] = run_recorded(lesson, run, Path(tmp), progress)
-    record["lessons"] = dict(sorted(record["lessons"].items()))
-    path.write_text(json.dumps(record, indent=1) + "\n")
+                runs[run] = run_recorded(lesson, run, Path(tmp), progress)
+            record["lessons"][lesson] = runs
+            record["lessons"] = dict(sorted(record["lessons"].items()))
+            path.write_text(json.dumps(record, indent=1) + "\n")  # after each lesson: a failure keeps the others
     load_record.cache_clear()
     return path
 

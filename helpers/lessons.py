@@ -145,7 +145,8 @@ def settings_for(lesson: str, given: dict) -> tuple[dict, str | None]:
     if unknown:
         raise ValueError(f"lesson {lesson} has no setting {', '.join(unknown)}: its settings are {', '.join(defaults)}")
     settings = {**defaults, **given}
-    return _preset(lesson, settings["PRESET"], settings)
+    chosen, line = _preset(lesson, settings["PRESET"], settings)
+    return chosen, line
 
 
 def papermill_parameters(declared, settings: dict) -> dict:
@@ -204,13 +205,16 @@ def open_lesson(lesson: str, **given) -> Lesson:
     from .sizing import size_lesson
 
     settings, preset_line = settings_for(lesson, given)
+    preset = {name for name in settings if settings[name] is not None and given.get(name) is None
+              and name in PRESETS.get(preset_name(settings["PRESET"]) or "", {}).get(lesson, {})}
     warnings = [line for line in check_environment(settings["MODEL"], brief=True).splitlines()[1:]]
     out = output_dir(settings["OUTPUT_DIR"])
     model, tokenizer, info = load_model(settings["MODEL"], dtype=settings["DTYPE"], verbose=False)
     tol = tolerance_for(model.dtype)
     # silent when notebook 00 measured it already; measuring (about a minute) says so
     profile = machine_profile(model, info, verbose=not profile_path(info, model.device).is_file())
-    sized, sizing_lines = size_lesson(lesson, settings, {**COMMON, **DEFAULTS[lesson]}, tokenizer, profile, info)
+    sized, sizing_lines = size_lesson(lesson, {**settings, "_preset": preset}, {**COMMON, **DEFAULTS[lesson]}, tokenizer,
+                                      profile, info)
     extras = {key: sized.pop(key) for key in list(sized) if not key.isupper()}
     settings.update(sized)
     if preset_line:
@@ -221,7 +225,7 @@ def open_lesson(lesson: str, **given) -> Lesson:
         warnings.append(f"{settings['DTYPE']} gave non-finite logits here: {info.dtype} instead")
     if info.timing_only:
         warnings.append("random weights: every accuracy is meaningless; the timings and the agreement checks hold")
-    lines = [f"{info.short()} · checks: {tol}", "; ".join(sizing_lines)]
+    lines = [f"{info.short()} · checked against the loop: {tol}", "; ".join(sizing_lines)]
     if warnings:
         lines.append("; ".join(warnings))
     opened = Lesson(lesson, model, tokenizer, info, profile, tol, out, settings, extras, lines)

@@ -22,6 +22,7 @@ def size_to_budget(
     cap: int,
     explicit: int | None = None,
     what: str = "tickets",
+    set_by: str = "set explicitly",
 ) -> tuple[int, str]:
     """The largest count in [floor, cap] whose estimated seconds (``estimate(n)``) fit ``budget_s``; and why.
 
@@ -29,7 +30,7 @@ def size_to_budget(
     """
     if explicit is not None:
         n = int(explicit)
-        return n, f"{n} {what}: set explicitly (estimated {estimate(n):.0f} s of model time on this machine)"
+        return n, f"{n} {what}: {set_by} (estimated {estimate(n):.0f} s of model time on this machine)"
     if estimate(floor) > budget_s:
         return floor, (f"{floor} {what}: the fewest that keep the lesson visible, although they need an estimated "
                        f"{estimate(floor):.0f} s here, over the {budget_s:.0f} s budget")
@@ -71,6 +72,7 @@ def fit_to_budget(
     explicit: int | None = None,
     repeats: int | None = None,
     what: str = "tickets",
+    set_by: str = "set explicitly",
 ) -> Sizing:
     """A lesson's count and timed rounds for its time budget, and why, in one call.
 
@@ -88,7 +90,7 @@ def fit_to_budget(
         lines.append(f"2 timed rounds instead of {wanted}: {floor} {what} with {wanted} need an estimated {needed:.0f} s "
                      f"here, over the {budget_s:.0f} s budget")
     if explicit is not None or cost(floor) <= STRETCH * budget_s or minimum is None or minimum >= floor:
-        n, why = size_to_budget(budget_s, cost, floor=floor, cap=cap, explicit=explicit, what=what)
+        n, why = size_to_budget(budget_s, cost, floor=floor, cap=cap, explicit=explicit, what=what, set_by=set_by)
         return Sizing(n, repeats, [*lines, why])
     n = next((n for n in range(floor - 1, minimum - 1, -1) if cost(n) <= budget_s), minimum)
     lines.append(f"{n} {what}, below this lesson's floor of {floor}: {floor} need an estimated {cost(floor):.0f} s here, "
@@ -217,6 +219,10 @@ def size_lesson(lesson: str, settings: dict, defaults: dict, tokenizer, profile:
     from .costs import lesson_cost
 
     budget, sized, lines = settings["TIME_BUDGET_S"], {}, []
+
+    def preset_set(name):  # a value the preset chose, not the reader
+        return name in settings.get("_preset", ())
+
     plan = {"03": race_seconds, "04": lambda p, t, s: sum(sweep_seconds(p, t, s).values())}.get(lesson)
     cost = lesson_cost(lesson, profile, tokenizer, record=record,
                        plan_price=(lambda params: plan(profile, tokenizer, {**defaults, **params})) if plan else None)
@@ -243,15 +249,17 @@ def size_lesson(lesson: str, settings: dict, defaults: dict, tokenizer, profile:
             profile, tokenizer, {**race_settings, "RACE_BATCH": race, "REPEATS": rounds}))
     else:
         race_s = lambda rounds: 0.0  # noqa: E731
+    set_by = ("set by the workshop preset, whatever TIME_BUDGET_S" if explicit is not None and preset_set("N_TICKETS")
+              else "set explicitly")
     fit = fit_to_budget(budget, lambda n, rounds: cost.seconds(n, rounds) + race_s(rounds), floor=floor, cap=cap,
-                        minimum=minimum, explicit=explicit, repeats=settings["REPEATS"])
+                        minimum=minimum, explicit=explicit, repeats=settings["REPEATS"], set_by=set_by)
     n, gave_way = fit.n, explicit is None and fit.n < floor
     sized.update(N_TICKETS=n, REPEATS=fit.repeats)
     derived = ""
     if lesson == "01":
         sized["N_GENERATE"] = n if full else min(settings["N_GENERATE"], n)
         sized["N_PROBES"] = settings["N_PROBES"] or (1 if gave_way else 2)
-        derived = f"{sized['N_GENERATE']} for the generate-vs-score race, {sized['N_PROBES']} probe(s)"
+        derived = f"{sized['N_GENERATE']} tickets for the generate-vs-score race, {sized['N_PROBES']} probe(s)"
     elif lesson == "02":
         sized["N_SCALING"] = settings["N_SCALING"] or (n if full else min(n, max(4, n // 2)))
         derived = f"{sized['N_SCALING']} per point of the scaling sweep"
@@ -286,7 +294,7 @@ def _size_race(settings, tokenizer, profile, cost, floor, race_settings, lines):
             if article is not None and article != chosen:
                 extra = race(chosen) - race(chosen, ARTICLE_BATCH=None)
                 lines.append(f"the article's comparison (sorted batches of {article}) left out: it needs an estimated "
-                             f"{extra:.0f} s more here; ARTICLE_BATCH = {article} with RACE_BATCH = {chosen} runs it")
+                             f"{extra:.0f} s more here; OPTIONS = {{\"RACE_BATCH\": {chosen}, \"ARTICLE_BATCH\": {article}}} runs it")
                 race_settings["ARTICLE_BATCH"] = None
             while race_settings["TICKETS_PER_POINT"] > 4 and race(chosen) + cost.seconds(4, 2) > budget:
                 race_settings["TICKETS_PER_POINT"] //= 2
@@ -326,7 +334,7 @@ def _size_sweep(settings, tokenizer, profile, cost) -> tuple[dict, list[str]]:
         dropped, dtypes = dtypes[1:], dtypes[:1]
         skipped.append(f"{', '.join(dropped)} skipped: the sweep in every dtype needs an estimated "
                        f"{seconds(rows, dropped + dtypes, count):.0f} s here, over the {budget:.0f} s budget; "
-                       "raise TIME_BUDGET_S or name the dtypes in DTYPES")
+                       "raise TIME_BUDGET_S or name them: OPTIONS = {\"DTYPES\": [...]}")
         lines.append(skipped[-1])
     per_point = count
     if settings["BATCH_SIZES"] is None:
@@ -345,6 +353,9 @@ def _size_sweep(settings, tokenizer, profile, cost) -> tuple[dict, list[str]]:
     line = (f"batch sizes {', '.join(map(str, sizes))}, each point {drawn} the {POOL}-ticket plan, "
             f"{settings['REPEATS']} repeats; dtypes {', '.join(dtypes)}: an estimated {needed:.0f} s of model time here")
     line += f", over the {budget:.0f} s budget" if needed > budget else f", within the {budget:.0f} s budget"
+    if needed > budget and settings["BATCH_SIZES"] is not None:
+        line += (" (batch sizes fixed by the workshop preset: nothing left out)" if "BATCH_SIZES" in settings.get("_preset", ())
+                 else " (BATCH_SIZES named: nothing left out)")
     left_out = [row for row in wanted if row not in rows]
     if left_out:
         line += (f" (left out: {', '.join(f'{name} at {size}' for name, size in left_out)}, which would need "

@@ -88,6 +88,8 @@ def test_lesson_01_keeps_its_accuracy_floor_and_a_twin_gives_way_to_its_minimum(
     assert values["N_TICKETS"] == 300 and values["REPEATS"] == 3 and len(lines) == 1, lines
     values, lines = sized("01", tokenizer, budget=1, N_TICKETS=12)
     assert values["N_TICKETS"] == 12 and "12 tickets: set explicitly (estimated" in lines[0]
+    _, lines = sized("01", tokenizer, budget=1, N_TICKETS=90, _preset={"MODEL", "N_TICKETS"})
+    assert "90 tickets: set by the workshop preset, whatever TIME_BUDGET_S" in lines[0]
 
 
 def test_lesson_02_and_03_derive_their_sizes_from_the_count_and_the_race_from_its_plan(tokenizer):
