@@ -47,11 +47,14 @@ CONFIGS = {
            "a": dict(N_TICKETS=6), "b": dict(N_TICKETS=12)},
     "03": {"test": dict(N_TICKETS=4, N_PROBES=2, RACE_BATCH=2, ARTICLE_BATCH=None, TICKETS_PER_POINT=4,
                         DEMO_SHOTS=3, REPEATS=2, FEW_SHOT=1),
-           "a": dict(N_TICKETS=8, RACE_BATCH=4, ARTICLE_BATCH=None), "b": dict(N_TICKETS=16, RACE_BATCH=4, ARTICLE_BATCH=None)},
+           # a: the race at 16 with the article's 32, as a 2-core CPU runs it (the plan factor comes from a); b: the
+           # sections at twice the tickets (its race, unused, kept small)
+           "a": dict(N_TICKETS=8, RACE_BATCH=16), "b": dict(N_TICKETS=16, RACE_BATCH=2, ARTICLE_BATCH=None)},
     "04": {"test": dict(DTYPES=["float32"], TICKETS_PER_POINT=4, BATCH_SIZES=[1, 2], OTHERS_AT=2, SHOTS=1, REPEATS=2),
            "a": dict(DTYPES=["float32"], BATCH_SIZES=[1, 2, 4])},
 }
 COMMON = dict(MODEL="embedded", TIME_BUDGET_S=5, FULL_SCALE=False)
+TICKET_STYLES = {"01": "varied", "02": "varied", "03": "article", "04": "article"}  # the tickets each lesson sizes
 
 
 def notebook_path(lesson: str) -> Path:
@@ -99,10 +102,26 @@ def priced(entries, profile: MachineProfile, ratio: float = 1.0, in_round: bool 
                for rows, width, cached, timed, count in entries if in_round is None or bool(timed) == in_round)
 
 
+@functools.lru_cache(maxsize=8)
+def ticket_tokens(tokenizer, style: str, seed: int = 0) -> tuple[int, ...]:
+    """Cumulative tokens of a lesson's tickets (``[k]``: of the first k of 600), with ``tokenizer``."""
+    from .data import make_tickets
+
+    total, out = 0, [0]
+    for text in make_tickets(600, seed=seed, style=style)["text"]:
+        total += len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        out.append(total)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class LessonCost:
-    """A lesson's recorded work on one profile: ``seconds(n, rounds, plan_s)`` = outside rounds (fixed + per ticket)
-    + rounds x one round (fixed + per ticket) + ``plan_factor`` x the plan's priced seconds."""
+    """A lesson's recorded work on one profile: ``seconds(n, rounds, plan_s)`` = outside rounds (fixed + per unit)
+    + rounds x one round (fixed + per unit) + ``plan_factor`` x the plan's priced seconds.
+
+    A unit is one token of the lesson's first n tickets (``units[n]``), where the tokenizer is known: tickets are
+    12 to 400 words, so the recorded runs' few extra tickets say how much a token costs, not a ticket. Without
+    ``units``, a unit is one ticket."""
 
     lesson: str
     fixed: float
@@ -110,10 +129,15 @@ class LessonCost:
     round_fixed: float
     round_per_ticket: float
     plan_factor: float
+    units: tuple[int, ...] | None = None
+
+    def amount(self, n: int) -> float:
+        return float(self.units[min(n, len(self.units) - 1)]) if self.units is not None else float(n)
 
     def seconds(self, n: int = 0, rounds: int = 1, plan_s: float = 0.0) -> float:
-        outside = self.fixed + self.per_ticket * n
-        return max(0.0, outside) + rounds * max(0.0, self.round_fixed + self.round_per_ticket * n) + self.plan_factor * plan_s
+        u = self.amount(n)
+        outside = self.fixed + self.per_ticket * u
+        return max(0.0, outside) + rounds * max(0.0, self.round_fixed + self.round_per_ticket * u) + self.plan_factor * plan_s
 
 
 def _run_parts(run: dict, profile: MachineProfile, ratio: float) -> tuple[float, float, float]:
@@ -126,7 +150,8 @@ def _run_parts(run: dict, profile: MachineProfile, ratio: float) -> tuple[float,
 
 
 def lesson_cost(lesson: str, profile: MachineProfile, tokenizer=None,
-                plan_price: Callable[[dict], float] | None = None, record: dict | None = None) -> LessonCost:
+                plan_price: Callable[[dict], float] | None = None, record: dict | None = None,
+                seed: int = 0) -> LessonCost:
     """The lesson's ``LessonCost`` on ``profile``: its recorded runs ``a`` and ``b`` priced, token counts scaled to
     ``tokenizer``'s prompts (None: the recording tokenizer's). ``plan_price(params)``: the seconds the lesson's plan
     costs with those settings (``helpers.sizing``), for the factor of its plan cells (run ``a``'s settings)."""
@@ -140,18 +165,21 @@ def lesson_cost(lesson: str, profile: MachineProfile, tokenizer=None,
     runs = record["lessons"][lesson]
     ratio = calibration_tokens(tokenizer) / record["calibration_tokens"] if tokenizer is not None else 1.0
     a = runs["a"]
+    units = ticket_tokens(tokenizer, TICKET_STYLES.get(lesson, "varied"), seed) if tokenizer is not None else None
+    cost = LessonCost(lesson, 0.0, 0.0, 0.0, 0.0, 0.0, units)
     outside_a, round_a, plan_a = _run_parts(a, profile, ratio)
     slope = round_slope = 0.0
-    if "b" in runs and runs["b"]["params"]["N_TICKETS"] != a["params"]["N_TICKETS"]:
-        outside_b, round_b, _ = _run_parts(runs["b"], profile, ratio)
-        span = runs["b"]["params"]["N_TICKETS"] - a["params"]["N_TICKETS"]
-        slope, round_slope = (outside_b - outside_a) / span, (round_b - round_a) / span
     n_a = a["params"].get("N_TICKETS") or 0
+    if "b" in runs and runs["b"]["params"]["N_TICKETS"] != n_a:
+        outside_b, round_b, _ = _run_parts(runs["b"], profile, ratio)
+        span = cost.amount(runs["b"]["params"]["N_TICKETS"]) - cost.amount(n_a)
+        slope, round_slope = (outside_b - outside_a) / span, (round_b - round_a) / span
     factor = 0.0
     if plan_a > 0:
         planned = plan_price(a["params"]) if plan_price is not None else 0.0
         factor = plan_a / planned if planned > 0 else 0.0
-    return LessonCost(lesson, outside_a - slope * n_a, slope, round_a - round_slope * n_a, round_slope, factor)
+    u_a = cost.amount(n_a)
+    return LessonCost(lesson, outside_a - slope * u_a, slope, round_a - round_slope * u_a, round_slope, factor, units)
 
 
 # --- recording ----------------------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def size_lesson(lesson: str, settings: dict, defaults: dict, tokenizer, profile:
         return name in settings.get("_preset", ())
 
     plan = {"03": race_seconds, "04": lambda p, t, s: sum(sweep_seconds(p, t, s).values())}.get(lesson)
-    cost = lesson_cost(lesson, profile, tokenizer, record=record,
+    cost = lesson_cost(lesson, profile, tokenizer, record=record, seed=settings.get("SEED", 0),
                        plan_price=(lambda params: plan(profile, tokenizer, {**defaults, **params})) if plan else None)
     if lesson == "04":
         return _size_sweep(settings, tokenizer, profile, cost)
