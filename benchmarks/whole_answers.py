@@ -20,8 +20,8 @@ from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, LabelScores, score_one_by_one
-from helpers.stats import mcnemar_exact, wilson_interval
-from helpers.agreement import assert_agrees
+from helpers.checks import mcnemar_exact, wilson_interval
+from helpers.checks import assert_agrees
 
 REPEATS = 3  # timed runs per variant, alternating which goes first
 

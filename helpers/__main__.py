@@ -28,7 +28,7 @@ def add_bench_parser(commands) -> None:
         EXTRA_STRATEGIES,
     )
     from .rows import STRATEGIES
-    from .devices import DEVICES
+    from .models import DEVICES
     from .sweep import MIN_TICKETS, POOL, SWEEP_STRATEGIES
 
     bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
@@ -101,7 +101,7 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
-    from .devices import DEVICES
+    from .models import DEVICES
 
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     classify.add_argument("input", help="a .csv or .jsonl file")

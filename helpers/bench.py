@@ -28,11 +28,11 @@ from .attention import NAME as GQA_ATTENTION
 from .batching import NonFiniteScores, score_batched
 from .data import LABELS, build_prompt, encode_prompt, encode_prompts, few_shot_examples, make_tickets
 from .models import load_model
-from .devices import HalfPrecisionError, free_memory, is_out_of_memory, pick_device
+from .models import HalfPrecisionError, free_memory, is_out_of_memory, pick_device
 from .prefix_cache import PrefixCache
 from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores
-from .agreement import agreement
+from .checks import agreement
 from .sweep import MIN_TICKETS, POOL, STRATA, estimate_plans, estimate_row
 from .rows import (STRATEGIES, generate_draw, plan_rows, reference_rows, row_draw, score_draw, sweep_batch_sizes,
                    warm_up, warm_up_rows)

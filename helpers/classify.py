@@ -30,7 +30,7 @@ from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .data import build_prompt, encode_prompt, uses_chat_template
 from .prefix_cache import PrefixCache
 from .scoring import LabelScorer, LabelScores, score_one_by_one
-from .agreement import assert_agrees, tolerance_for
+from .checks import assert_agrees, tolerance_for
 
 # A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
 COLLAPSE_SHARE = 0.9
@@ -239,7 +239,7 @@ def classify_file(
 
     from .models import load_model, load_tokenizer, resolve_name
 
-    from .devices import pick_device, pick_dtype
+    from .models import pick_device, pick_dtype
 
     start = time.perf_counter()
     try:

@@ -25,8 +25,8 @@ def describe_environment() -> str:
 
     from .models import cpu_threads
 
-    from .devices import pick_device
-    from .profile import machine_name
+    from .models import pick_device
+    from .models import machine_name
 
     lines = [f"{name:>12}: {version}" for name, version in versions().items()]
     device = pick_device()

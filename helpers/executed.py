@@ -57,8 +57,8 @@ def machine_line() -> str:
 
     from .models import cpu_threads
 
-    from .devices import pick_device
-    from .profile import machine_name
+    from .models import pick_device
+    from .models import machine_name
 
     device = pick_device()
     return (f"{machine_name(device)}, {cpu_threads()} thread(s), {platform.system()} · torch {torch.__version__} · "

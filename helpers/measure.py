@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .devices import finite_logits, free_memory
+from .models import finite_logits, free_memory
 from .timing import Stopwatch, sync
 
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)

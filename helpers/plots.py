@@ -7,15 +7,14 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from .models import threads_text
+from .models import machine_name, threads_text
 from .outputs import output_dir
 
 
-def caption(info, profile=None) -> str:
-    """The line every figure carries: which model, dtype and device produced it (and on which machine)."""
+def caption(info) -> str:
+    """The line every figure carries: which model, dtype and device produced it, on which machine."""
     note = " (random weights: timing only)" if getattr(info, "timing_only", False) else ""
-    machine = f" · {profile.machine}" if profile is not None else ""
-    return f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)}{machine}"
+    return f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)} · {machine_name(info.device)}"
 
 
 def bench_caption(frame) -> str:
@@ -66,7 +65,7 @@ def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: 
     With ``n`` (the tickets behind the curve), each accuracy also gets its 95 % Wilson interval, shaded: the fewer
     tickets a threshold keeps, the less its accuracy says.
     """
-    from .stats import wilson_interval
+    from .checks import wilson_interval
 
     fig, ax = plt.subplots(figsize=(7, 4.3))
     x = curve["threshold"] * 100

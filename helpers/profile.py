@@ -43,29 +43,11 @@ from . import calls
 from .measure import (BATCH_ROW_TOKENS, DECODE_BATCHES, DECODE_CONTEXT, batched_curve, decode_step_tokens_per_s,
                       half_precision_finite, matmul_gflops, prefill_curve, roof_shape)
 from .models import ModelInfo, cache_dir, threads_text
-from .devices import dtype_candidates
+from .models import dtype_candidates
 
 PROFILE_VERSION = 6  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum;
 SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
 _MEMORY: dict[str, MachineProfile] = {}
-
-
-def machine_name(device: torch.device | str = "cpu") -> str:
-    """What the numbers were measured on, in words: the processor (and its vector extensions) or the GPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    if device.type == "mps":
-        return f"mps: Apple {platform.machine()}"
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:

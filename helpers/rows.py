@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .batching import score_batched
-from .devices import free_memory, is_out_of_memory
+from .models import free_memory, is_out_of_memory
 from .scoring import LabelScores
 from .generation import generate_answer, parse_label
 from .sweep import MIN_TICKETS, STRATA, SWEEP_LOOPS, SWEEP_STRATEGIES, Draw, draw_batches

@@ -323,7 +323,7 @@ def describe_curve(rows) -> dict:
 def estimates_frame(estimates: Mapping, info, profile, checks: Mapping | None = None, **columns) -> pd.DataFrame:
     """One row per estimate (``estimate_row``), with what produced it: the model, dtype, device and threads
     (``info``, a ``ModelInfo``), the machine (``profile``), each key's agreement with the reference (``checks``:
-    key -> ``helpers.agreement.agreement``'s dict) and any other ``columns`` (e.g. ``shots``). Notebook 04, section 2."""
+    key -> ``helpers.checks.agreement``'s dict) and any other ``columns`` (e.g. ``shots``). Notebook 04, section 2."""
     produced = {"model": info.name, "timing_only": info.timing_only, "dtype": info.dtype, "device": info.device,
                 "threads": info.threads, "attention": info.attention, "machine": profile.machine,
                 "profile": profile.caption(), **columns}

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import calls as calls_module
 
 
 def sync(device: torch.device | str | None) -> None:
@@ -102,7 +101,7 @@ def compare(calls: dict[str, Callable[[], object]], device: torch.device | str |
     names = list(calls)
     for repeat in range(repeats):
         for name in names if repeat % 2 == 0 else names[::-1]:
-            with calls_module.timed_round(), Stopwatch(device) as clock:
+            with Stopwatch(device) as clock:
                 result = calls[name]()
             timings[name].seconds.append(clock.seconds)
             timings[name].results.append(result)

@@ -7,7 +7,7 @@ from helpers.data import LABELS, build_prompt
 from helpers.models import load_model
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
-from helpers.agreement import assert_agrees
+from helpers.checks import assert_agrees
 
 
 def test_grouped_query_models_on_cpu_read_shared_key_value_heads(embedded):

@@ -13,7 +13,7 @@ from helpers.batching import (
 from helpers.data import LABELS, build_prompt, encode_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.agreement import assert_agrees
+from helpers.checks import assert_agrees
 
 from .conftest import prompts_for
 

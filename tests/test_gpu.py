@@ -16,11 +16,11 @@ from helpers.batching import score_batched
 from helpers.bench import run_benchmark
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
-from helpers.devices import pick_dtype
+from helpers.models import pick_dtype
 from helpers.lessons import COMMON, DEFAULTS
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.agreement import assert_agrees, tolerance_for
+from helpers.checks import assert_agrees, tolerance_for
 
 from .test_notebooks import NOTEBOOKS, SOLUTIONS, lesson_of, run_small
 

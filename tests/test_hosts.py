@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import devices
+from helpers import models as devices
 from helpers import bench, models
 from helpers import rows as sweep_rows
 from helpers.__main__ import main
@@ -19,7 +19,7 @@ from helpers.batching import score_batched
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets, uses_chat_template
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.agreement import assert_agrees
+from helpers.checks import assert_agrees
 
 ROOT = Path(__file__).parent.parent
 

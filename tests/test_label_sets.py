@@ -13,7 +13,7 @@ from helpers.batching import score_batched
 from helpers.data import build_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
-from helpers.agreement import assert_agrees
+from helpers.checks import assert_agrees
 
 SINGLE = ["payment", "technical", "account"]
 ONE_MULTI = ["billing", "technical", "account"]  # "b" + "illing"

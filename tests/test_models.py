@@ -6,7 +6,7 @@ import torch
 from helpers import devices
 from helpers import models
 from helpers.models import convert_embedded, load_model
-from helpers.devices import pick_dtype
+from helpers.models import pick_dtype
 
 
 def test_embedded_model_loads_with_a_record(embedded):

@@ -11,7 +11,7 @@ from helpers.prefix_cache import (
     split_is_clean,
 )
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.agreement import assert_agrees
+from helpers.checks import assert_agrees
 
 from .conftest import prompts_for
 

@@ -3,7 +3,7 @@ import torch
 
 from helpers.data import LABELS, build_prompt
 from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
-from helpers.agreement import agreement, assert_agrees
+from helpers.checks import agreement, assert_agrees
 from helpers.generation import parse_label
 
 from .conftest import prompts_for
@@ -185,7 +185,7 @@ def _wilson_by_quadratic(k, n, z=1.96):
 
 
 def test_wilson_interval_matches_the_quadratic_it_solves():
-    from helpers.stats import wilson_interval
+    from helpers.checks import wilson_interval
 
     for k, n in ((8, 10), (1, 3), (45, 90), (70, 90), (299, 600)):
         low, high = wilson_interval(k, n)
@@ -201,7 +201,7 @@ def test_wilson_interval_matches_the_quadratic_it_solves():
 
 
 def test_wilson_interval_edges_stay_in_zero_one_without_collapsing():
-    from helpers.stats import wilson_interval
+    from helpers.checks import wilson_interval
 
     z = 1.96
     low, high = wilson_interval(0, 10)
@@ -211,7 +211,7 @@ def test_wilson_interval_edges_stay_in_zero_one_without_collapsing():
 
 
 def test_wilson_interval_refuses_bad_counts_in_one_line():
-    from helpers.stats import wilson_interval
+    from helpers.checks import wilson_interval
 
     for args, message in (((0, 0), "n=0"), ((3, -1), "n=-1"), ((11, 10), "successes=11"), ((-1, 10), "successes=-1"),
                           ((5, 10, 0), "z=0")):
@@ -277,7 +277,7 @@ def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
     from types import SimpleNamespace
 
     from helpers.plots import plot_accuracy_intervals
-    from helpers.stats import wilson_interval
+    from helpers.checks import wilson_interval
 
     rows = []
     for name, correct in (("0 shots", 30), ("6 shots", 70)):
@@ -312,7 +312,7 @@ def test_the_tree_mask_stays_finite_when_added_to_scores_in_low_precision(embedd
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)])
 def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
-    from helpers.agreement import tolerance_for
+    from helpers.checks import tolerance_for
 
     tolerance = tolerance_for(getattr(torch, dtype))
     assert tolerance.atol == atol and tolerance.near_ties == (dtype != "float32")
@@ -322,7 +322,7 @@ def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
 
 
 def test_paired_verdict_counts_the_discordant_tickets_and_names_a_winner_only_below_alpha():
-    from helpers.stats import paired_verdict
+    from helpers.checks import paired_verdict
 
     a = [True] * 12 + [False] * 8
     b = [False] * 12 + [False] * 8  # a got 12 tickets right that b missed, b none that a missed

@@ -14,7 +14,7 @@ import pytest
 from helpers.data import build_prompt
 from helpers.scoring import LabelScorer, end_of_answer_ids, end_of_answer_text, extending_pairs, score_one_by_one
 from helpers.labels import extending_pair
-from helpers.stats import mcnemar_exact
+from helpers.checks import mcnemar_exact
 
 EXTENDING = ["account", "account change", "billing"]
 # The tickets of the issue: three ask to change something on the account.
