@@ -1,5 +1,6 @@
-# The commands of the course: `make lab` (JupyterLab on notebooks/), `make notebooks` and `make test`. Each sets up
-# .venv first and skips whatever is already done, so running them twice is cheap. `make check` checks the venv.
+# The commands of the course: `make lab` (JupyterLab on notebooks/), `make notebooks` (SCALE=quick on a slow machine)
+# and `make test`. Each sets up .venv first and skips whatever is already done, so running them twice is cheap.
+# `make check` checks the venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,11 +8,12 @@ PY := $(VENV)/bin/python
 # e.g. `make test TORCH_SPEC=torch==2.13.0` where pip finds a +cpu wheel.
 TORCH_SPEC ?= torch>=2.6
 RUNS := runs
+# The sizes every lesson runs at (its parameters cell): quick (a slow machine; the tests), default, or full.
+SCALE ?= default
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export HF_HUB_DISABLE_TELEMETRY := 1
-export SLM_PRESET
 
-.PHONY: setup lab check notebooks workshop reference test clean
+.PHONY: setup lab check notebooks reference test clean
 
 setup: $(VENV)/.installed
 
@@ -45,22 +47,20 @@ notebooks: setup
 	mkdir -p $(RUNS)
 	@for nb in $(NOTEBOOKS); do \
 		echo "== $$nb"; \
-		(cd $(RUNS) && ../$(PY) -m papermill --cwd . ../$$nb $$(basename $$nb) --progress-bar) || exit 1; \
+		(cd $(RUNS) && ../$(PY) -m papermill --cwd . ../$$nb $$(basename $$nb) -p SCALE $(SCALE) --progress-bar) || exit 1; \
 	done
 	@echo "Executed notebooks and their figures are in $(RUNS)/"
 
-# The workshop preset (helpers/lessons.py): every lesson on the embedded model with the reference run's sizes, the same
-# on every attendee's machine. In JupyterLab: make lab with SLM_PRESET=workshop set, or OPTIONS = {"PRESET": "workshop"} in a lesson.
-workshop:
-	$(MAKE) notebooks SLM_PRESET=workshop
-
-# The committed reference run (reference-run/): every lesson and solutions notebook executed with its figures, the
-# machine named at the top of each. Rerun after changing a notebook: a test fails when a copy's code drifts.
+# The committed reference run (reference-run/): every lesson and solutions notebook executed at SCALE="default" on the
+# embedded model, with its figures, the machine named at the top of each. Rerun after changing a notebook: a test
+# fails when a copy's code drifts.
 reference: setup
 	rm -rf reference-run
 	$(PY) -m helpers.executed reference-run
 
+# Lint and format checks first (ruff: the settings are in pyproject.toml), then the tests.
 test: setup
+	$(PY) -m ruff check helpers tests benchmarks && $(PY) -m ruff format --check helpers tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -1,97 +1,66 @@
-"""Do the full-scale estimates hold? Each row is estimated as notebooks 03 and 04 estimate it (whole batches drawn
-from the 600-ticket plan, timed in alternating rounds, ``helpers.sweep.estimate_plans``), then the whole plan runs
-once, in the same process; the script prints both and whether the full run lies inside the estimate's interval.
+"""Does the sample hold? Each row is timed as notebooks 03 and 04 time it (every k-th block of the sorted
+600 tickets, alternating repeats, scaled by padded tokens: ``helpers.bench``), then on all 600 tickets, in the
+same process; the script prints both numbers and their ratio.
 
-    python benchmarks/full_plan.py                                   # the defaults below: about 10 minutes on 2 cores
-    python benchmarks/full_plan.py --rows loop:1:0,sorted:32:0 --repeats 4
+    python benchmarks/full_plan.py                    # the defaults below: about 15 minutes on 2 cores
+    python benchmarks/full_plan.py --rows loop:1:0:32:9,sorted:32:0:32:9 --repeats 3
 
-A row is strategy:batch size:shots (the strategies of ``helpers.rows.STRATEGIES``). The defaults are the
-article's headline (zero-shot, the loop against sorted batches of 32, notebook 03) and notebook 04's 3-shot rows
-with the prefix cache, at batch 1 and at the batch size its sweep found best on a 2-core CPU (8).
+A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``). The defaults are notebook 03's
+race (zero-shot, the loop against sorted batches of 32) and notebook 04's 3-shot loop and its best size on a
+2-core CPU (sorted batches of 8 on the prefix cache), each at its lesson's default sample.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
-from helpers.rows import STRATEGIES, row_draw, score_draw, warm_up
 from helpers.batching import score_batched
+from helpers.bench import POOL, STRATEGIES, Row, row_lengths, sample_tickets, scale_to_plan
 from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
-from helpers.models import load_model
+from helpers.models import load_model, machine_name
 from helpers.prefix_cache import PrefixCache
-from helpers.profile import machine_profile
 from helpers.scoring import LabelScorer
-from helpers.sweep import MIN_TICKETS, POOL, estimate_plans
 
-DEFAULT_ROWS = "loop:1:0,sorted:32:0,loop_prefix:1:3,sorted_prefix:8:3"
-
-
-def parse_rows(text: str) -> list[tuple[str, int, int]]:
-    rows = []
-    for part in text.split(","):
-        name, size, shots = part.split(":")
-        if name not in STRATEGIES:
-            raise SystemExit(f"unknown strategy {name!r} in --rows: choose from {', '.join(STRATEGIES)}")
-        rows.append((name, int(size), int(shots)))
-    return rows
+# strategy:batch size:shots:block:every (the lessons' defaults: 03 blocks of 32, every 9th; 04 blocks of 16, every 12th)
+DEFAULT_ROWS = "loop:1:0:32:9,sorted:32:0:32:9,loop:1:3:16:12,sorted_prefix:8:3:16:12"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:batch:shots:block:every,... ({DEFAULT_ROWS})")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds of the sample (default 3)")
     parser.add_argument("--model", default="embedded")
-    parser.add_argument("--rows", type=parse_rows, default=parse_rows(DEFAULT_ROWS))
-    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds of the drawn batches (default 3: "
-                        "2 before the full runs, 1 after)")
-    parser.add_argument("--per-point", type=int, default=MIN_TICKETS,
-                        help=f"tickets drawn per row at least (default {MIN_TICKETS})")
     args = parser.parse_args()
-    model, tokenizer, info = load_model(args.model, dtype="float32")
-    profile = machine_profile(model, info)
+    model, tokenizer, info = load_model(args.model)
+    print(info.short(), "·", machine_name(model.device))
+    texts = make_tickets(POOL, seed=0, style="article")["text"].tolist()
     scorer = LabelScorer(tokenizer, LABELS)
-    texts = make_tickets(POOL, seed=0, style="article")["text"]
-    by_shots = {}
-    for shots in sorted({shots for *_, shots in args.rows}):
+    for spec in args.rows.split(","):
+        name, size, shots, block, every = spec.split(":")
+        size, shots, block, every = int(size), int(shots), int(block), int(every)
+        strategy, uses_prefix = STRATEGIES[name]
         examples = few_shot_examples(shots)
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
-        cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        by_shots[shots] = (prompts, [len(ids) for ids in encode_prompts(tokenizer, prompts)], cache)
-    draws, prefixes = {}, {}
-    for name, size, shots in args.rows:
-        prompts, lengths, cache = by_shots[shots]
-        draws[name, size, shots] = row_draw(name, size, lengths, cache.length, len(scorer.tail), args.per_point)
-        prefixes[name, size, shots] = cache if STRATEGIES[name][1] else None
-    for key, draw in draws.items():
-        warm_up(model, tokenizer, scorer, by_shots[key[2]][0], draw, prefixes[key])
-    runs = {key: [] for key in draws}
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+        cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples) if uses_prefix else None
+        planned = row_lengths(lengths, uses_prefix, cache.length if cache else 0)
+        rows = {}
+        for k in (every, 1):
+            sample = sample_tickets(lengths, block, k)
+            rows[k] = Row(name, size, POOL, scale_to_plan(planned, sample, strategy, size), sample)
 
-    def round_of_draws(repeat):
-        for key in list(draws) if repeat % 2 == 0 else list(draws)[::-1]:
-            runs[key].append(score_draw(model, tokenizer, scorer, by_shots[key[2]][0], draws[key], prefixes[key]))
+        def run(row):
+            return score_batched(model, tokenizer, scorer, [prompts[i] for i in row.sample], strategy,
+                                 batch_size=size, prefix=cache, progress=False).info["seconds"]
 
-    # The rounds of the drawn batches bracket the full runs in time (all but the last before them, the last after),
-    # so their spread holds the drift of the machine over the minutes the full runs take.
-    started = time.perf_counter()
-    for repeat in range(args.repeats - 1):
-        round_of_draws(repeat)
-    drawn_s = time.perf_counter() - started
-    full = {}
-    for key, draw in draws.items():
-        name, size, shots = key
-        full[key] = score_batched(model, tokenizer, scorer, by_shots[shots][0], STRATEGIES[name][0], batch_size=size,
-                                  token_budget=draw.token_budget, prefix=prefixes[key], progress=False)
-    round_of_draws(args.repeats - 1)
-    estimates = estimate_plans(draws, runs, profile)
-    print(f"{info.short()} · {profile.machine} · {args.repeats} rounds of the drawn batches, about "
-          f"{drawn_s / max(1, args.repeats - 1):.0f} s each; the last after the full runs")
-    print(f"{'row':<24} {'drawn':>6} {'estimate':>9} {'interval':>13} {'full run':>9} {'inside':>7} {'full run s':>10}")
-    for key, draw in draws.items():
-        name, size, shots = key
-        estimate, (low, high) = estimates[key], estimates[key].interval
-        rate = full[key].info["items_per_s"]
-        print(f"{f'{name} at {size}, {shots}-shot':<24} {len(draw.tickets):>6} {estimate.items_per_s:>9.2f} "
-              f"{f'{low:.2f}-{high:.2f}':>13} {rate:>9.2f} {'yes' if low <= rate <= high else 'NO':>7} "
-              f"{full[key].info['seconds']:>10.0f}")
+        run(rows[every])  # warm-up
+        rows[every].seconds = [run(rows[every]) for _ in range(args.repeats)]
+        rows[1].seconds = [run(rows[1])]
+        sampled, whole = rows[every], rows[1]
+        print(f"{name} at {size}, {shots} shots: sample {sampled.items_per_s:.2f} items/s ({sampled.timed}, every "
+              f"{every}-th block of {block}; repeats {sampled.spread[0]:.2f}-{sampled.spread[1]:.2f}) | all {POOL} "
+              f"timed once {whole.items_per_s:.2f} items/s | sample / full = {sampled.items_per_s / whole.items_per_s:.3f}",
+              flush=True)
 
 
 if __name__ == "__main__":

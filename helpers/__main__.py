@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -19,47 +18,25 @@ def _csv_list(kind):
 
 
 def add_bench_parser(commands) -> None:
-    from .bench import (
-        DEFAULT_BATCH_SIZES,
-        DEFAULT_DTYPES,
-        DEFAULT_OTHERS_AT,
-        DEFAULT_REPEATS,
-        DEFAULT_STRATEGIES,
-        EXTRA_STRATEGIES,
-    )
-    from .rows import STRATEGIES
+    from .bench import POOL, STRATEGIES
     from .models import DEVICES
-    from .sweep import MIN_TICKETS, POOL, SWEEP_STRATEGIES
 
-    bench = commands.add_parser("bench", help="benchmark the techniques against the float32 loop")
-    bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b' (default: as load_model)")
-    bench.add_argument("--n", type=int, default=POOL, help=f"tickets in the plan every row is drawn from (default {POOL}, "
-                       "the article's)")
-    bench.add_argument("--per-point", type=lambda text: None if text == "all" else int(text), default=MIN_TICKETS,
-                       help=f"tickets each row times at least, in whole batches (at least 2) drawn from the plan; 'all': "
-                            f"every batch of it (default {MIN_TICKETS})")
-    bench.add_argument("--style", default="article", choices=["article", "varied"])
-    bench.add_argument("--shots", type=int, default=6, help="few-shot examples in the prompt (default 6)")
-    bench.add_argument("--strategies", type=_csv_list(str), default=list(DEFAULT_STRATEGIES),
-                       help=f"comma-separated, from {','.join((*STRATEGIES, *EXTRA_STRATEGIES))}")
-    bench.add_argument("--batch-sizes", type=_csv_list(int), default=DEFAULT_BATCH_SIZES,
-                       help="e.g. 1,2,4,8,16,32,64; batch 1 of a swept strategy is its loop (default: 1-32 on a CPU, "
-                            "1-256 on a GPU)")
-    bench.add_argument("--others-at", type=lambda text: None if text == "all" else int(text), default=DEFAULT_OTHERS_AT,
-                       help=f"the batch size of the strategies outside the sweep ({', '.join(SWEEP_STRATEGIES)}); "
-                            f"'all': every batch size (default {DEFAULT_OTHERS_AT})")
-    bench.add_argument("--dtypes", type=_csv_list(str), default=DEFAULT_DTYPES,
-                       help="e.g. float32,float16 (default: float32, plus each half-precision dtype the machine profile "
-                            "measured at least half as fast on this device; naming a dtype forces it)")
-    bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
-                       help=f"timed runs per row, in alternating row order; median, min and max reported (default {DEFAULT_REPEATS})")
-    bench.add_argument("--compile", type=_csv_list(str), default=[],
-                       help="strategies that also get a torch.compile'd row, e.g. sorted_prefix (its warm-up includes compiling)")
-    bench.add_argument("--attention", default="auto",
-                       help="attention implementation: auto (sdpa_gqa for grouped-query models on CPU, else transformers' choice), sdpa, sdpa_gqa, eager")
+    bench = commands.add_parser("bench", help="notebook 04's sweep: the techniques against the float32 loop")
+    bench.add_argument("--model", default=None, help="hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b'")
+    bench.add_argument("--n", type=int, default=POOL, help=f"tickets in the workload (default {POOL})")
+    bench.add_argument("--every", type=int, default=10,
+                       help="time every k-th block of the sorted tickets and scale (default 10; 1: time all)")
+    bench.add_argument("--shots", type=int, default=3, help="few-shot examples in the prompt (default 3)")
+    bench.add_argument("--strategies", type=_csv_list(str), default=list(STRATEGIES),
+                       help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
+    bench.add_argument("--batch-sizes", type=_csv_list(int), default=[1, 2, 4, 8, 16, 32],
+                       help="comma-separated; each divides the largest (default 1,2,4,8,16,32)")
+    bench.add_argument("--dtypes", type=_csv_list(str), default=["float32"],
+                       help="comma-separated; the first is the reference (default float32)")
+    bench.add_argument("--repeats", type=int, default=3, help="timed rounds, alternating (default 3)")
+    bench.add_argument("--compile", action="store_true", help="torch.compile the model first (warm-up untimed)")
     bench.add_argument("--device", default=None, choices=DEVICES,
                        help="auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)")
-    bench.add_argument("--json", dest="json_path", default=None, help="write the rows as a JSON list here")
     bench.add_argument("--csv", dest="csv_path", default=None, help="write the rows as CSV here")
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -67,34 +44,21 @@ def add_bench_parser(commands) -> None:
 def run_bench(args) -> int:
     from .bench import run_benchmark
 
-    frame = run_benchmark(
-        args.model, pool=args.n, style=args.style, shots=args.shots, strategies=args.strategies,
-        batch_sizes=args.batch_sizes, dtypes=args.dtypes, repeats=args.repeats, device=args.device,
-        progress=not args.quiet, attention=args.attention, compile=args.compile, others_at=args.others_at,
-        min_tickets=args.per_point,
-    )
-    columns = ["strategy", "batch_size", "dtype"] + (["compiled", "warmup_s"] if args.compile else []) + [
-        "items_per_s", "items_per_s_min", "items_per_s_max", "interval_low", "interval_high", "speedup_vs_loop",
-        "tokens_per_s", "padding_fraction", "plan_padding", "sample_tickets", "tokenize_share", "agreement",
-        "max_abs_diff", "roof_fraction", "kernel_ceiling", "peak_memory_mb"]
+    frame = run_benchmark(args.model, shots=args.shots, strategies=args.strategies, batch_sizes=args.batch_sizes,
+                          dtypes=args.dtypes, every=args.every, repeats=args.repeats, n=args.n, device=args.device,
+                          compile=args.compile, progress=not args.quiet)
     first = frame.iloc[0]
-    print(f"{first.model} · {first.device} · {first.threads} threads · {first.attention} attention · "
-          f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
+    print(f"{first.model} · {first.device} · {first.threads} threads · {first.machine} · {first.shots} shots "
+          f"(prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
           + (" · random weights: timing only" if first.timing_only else ""))
-    drawn = "every batch" if args.per_point is None else f"whole batches (at least {args.per_point} tickets per row)"
-    print(f"each row: {drawn} drawn from the plan of all {first.n} tickets; items/s are the whole plan's, estimated "
-          f"(interval: what the draw cannot know); {frame.attrs['checked_tickets']} timed tickets checked against the loop")
-    print(f"machine: {first.profile}")
-    print(f"reference: the float32 one-at-a-time loop, {frame.attrs['loop_items_per_s']:.3g} items/s (estimated)")
+    picked = "every block" if args.every == 1 else f"every {args.every}-th block"
+    print(f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), seconds scaled by the plan's "
+          f"padded tokens over the sample's; agreement: against the {args.dtypes[0]} loop")
+    columns = ["strategy", "batch_size", "dtype", "items_per_s", "items_per_s_min", "items_per_s_max",
+               "speedup_vs_loop", "padding_fraction", "plan_padding", "scale", "agreement", "max_abs_diff"]
     print(frame[[c for c in columns if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for lost in frame.attrs["failed"]:
-        print(f"not measured: {lost['strategy']} at batch {lost['batch_size']} ({lost['dtype']}): {lost['reason']}")
-    for dtype, (measured, raised) in frame.attrs["roof_raised"].items():
-        print(f"{dtype} roof raised from the profile's {measured:.0f} to {raised:.0f} GFLOP/s: a row's kernels, timed "
-              "alone, ran faster than the profile measured")
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(json.loads(frame.to_json(orient="records")), handle, indent=1)
+    for line in frame.attrs["failed"]:
+        print(f"not measured: {line}")
     if args.csv_path:
         frame.to_csv(args.csv_path, index=False)
     return 0
@@ -164,13 +128,6 @@ def run_check(args) -> int:
     return 0
 
 
-def run_costs(args) -> int:
-    from .costs import regenerate
-
-    print(f"wrote {regenerate(args.only)}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -180,12 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import bootstrap
 
     bootstrap.add_parser(commands)
-    costs = commands.add_parser("costs", help="record the lessons' forward calls again: their cost record (helpers.costs)")
-    costs.add_argument("--only", nargs="+", default=None, metavar="LESSON", help="these lessons only, e.g. --only 01 03")
     args = parser.parse_args(argv)
     try:
         return {"check": run_check, "bench": run_bench, "classify": run_classify,
-                "setup-cells": bootstrap.run, "costs": run_costs}[args.command](args)
+                "setup-cells": bootstrap.run}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         _settle_processes(error)

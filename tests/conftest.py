@@ -18,10 +18,9 @@ N_TICKETS = 16
 @pytest.fixture(autouse=True)
 def cpu_unless_marked_gpu(request, monkeypatch):
     """Every test runs on the CPU (notebook kernels and subprocesses inherit $SLM_DEVICE), so the suite means the same
-    on every machine; the ``gpu`` tests choose the accelerator. No preset: the tests set the sizes they need."""
+    on every machine; the ``gpu`` tests choose the accelerator."""
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setenv("SLM_DEVICE", "cpu")
-    monkeypatch.delenv("SLM_PRESET", raising=False)  # a workshop preset in the shell would fix the notebooks' sizes
 
 
 @pytest.fixture(scope="session")

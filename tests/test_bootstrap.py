@@ -71,7 +71,7 @@ def test_a_lesson_run_from_notebooks_writes_to_the_repository_runs_folder(monkey
     from helpers import outputs
 
     monkeypatch.delenv(outputs.ENV, raising=False)
-    monkeypatch.setattr(outputs, "_repository_root", lambda: None)
+    monkeypatch.setattr(outputs, "repository_root", lambda: None)
     monkeypatch.chdir(ROOT / "notebooks")
     assert outputs.output_dir() == ROOT.resolve() / "runs"
 

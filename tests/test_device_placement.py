@@ -127,9 +127,14 @@ CAUGHT = {
     "moved only after the call": "ids = torch.tensor([[1]])\nmodel(input_ids=ids)\nids = ids.to(d)",
     "a tensor built in the call": "model(input_ids=torch.tensor([[1, 2]]))",
     "a name bound to a CPU tensor": "ids = torch.tensor([[1, 2]])\nmodel(input_ids=ids, logits_to_keep=1)",
-    "one derived from it": "mask = torch.zeros((1, 2))\nmodel(input_ids=x, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))",
+    "one derived from it": (
+        "mask = torch.zeros((1, 2))\nmodel(input_ids=x, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))"
+    ),
     "pad_left's pair": "ids, mask = pad_left(rows, 0)\nmodel(input_ids=ids, attention_mask=mask)",
-    "a *_like of a CPU tensor": "ids = torch.tensor([[1]], device=d)\nmodel.generate(input_ids=ids, attention_mask=torch.ones_like(torch.tensor([[1]])))",
+    "a *_like of a CPU tensor": (
+        "ids = torch.tensor([[1]], device=d)\n"
+        "model.generate(input_ids=ids, attention_mask=torch.ones_like(torch.tensor([[1]])))"
+    ),
     "inside a function": "def f(s):\n    return model(input_ids=torch.tensor([s]))",
     "across cells": ["ids = torch.tensor([[1, 2]])", "model(input_ids=ids)"],
     "an arange for positions": "model(input_ids=x, position_ids=torch.arange(3)[None])",
@@ -139,9 +144,14 @@ PASSED = {
     "moved before the call": "ids = torch.tensor([[1]])\nids = ids.to(d)\nmodel(input_ids=ids)",
     "device= given": "model(input_ids=torch.tensor([[1, 2]], device=model.device))",
     "moved at the call": "ids = torch.full((1, 2), 0)\nmodel(input_ids=ids.to(model.device))",
-    "moved after building": "ids, mask = pad_left(rows, 0)\nids, mask = ids.to(model.device), mask.to(model.device)\nmodel(input_ids=ids, attention_mask=mask)",
+    "moved after building": (
+        "ids, mask = pad_left(rows, 0)\nids, mask = ids.to(model.device), mask.to(model.device)\n"
+        "model(input_ids=ids, attention_mask=mask)"
+    ),
     "rebound to a moved copy": "ids = torch.tensor([[1]])\nids = ids.to(d)\nmodel(input_ids=ids)",
-    "a *_like of a placed tensor": "ids = torch.tensor([[1]], device=d)\nmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids))",
+    "a *_like of a placed tensor": (
+        "ids = torch.tensor([[1]], device=d)\nmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids))"
+    ),
     "helpers' own calls": "score_batched(model, tokenizer, scorer, prompts)",
     "a CPU tensor that never reaches the model": "mask = torch.zeros((2, 2))\nprint(mask.sum())",
 }

@@ -70,7 +70,7 @@ def test_missing_widgets_only_warn_even_for_the_commands(monkeypatch):
 
 def test_a_package_install_runs_its_commands_without_the_notebook_tools(monkeypatch):
     """Outside a course checkout (pip install of the package on a GPU box) papermill only warns, even for check."""
-    monkeypatch.setattr("helpers.outputs._repository_root", lambda: None)
+    monkeypatch.setattr("helpers.outputs.repository_root", lambda: None)
     pretend_versions(monkeypatch, papermill=None)
     report = check_environment(commands=True)
     assert any(line.strip().startswith("WARNING  papermill: not installed") for line in report.splitlines()), report
@@ -83,17 +83,6 @@ def test_what_a_lesson_does_not_need_only_warns_there(monkeypatch):
     assert any(line.strip().startswith("WARNING  papermill: not installed") for line in report.splitlines()), report
     with pytest.raises(EnvironmentProblem, match="papermill: not installed"):
         check_environment(commands=True)
-
-
-def test_a_lesson_gets_one_line_and_only_the_warnings_after_it(monkeypatch):
-    pretend_versions(monkeypatch, papermill="2.7.0", transformers="5.24.0")  # every check passes, wherever this runs
-    monkeypatch.setattr(environment, "check_kernel", lambda: environment.Check("jupyter kernel", True, "ok"))
-    line = check_environment(brief=True)
-    assert "\n" not in line and line.startswith("environment ok (") and "torch " in line, line
-    pretend_versions(monkeypatch, papermill=None)  # a hosted kernel: papermill only warns there
-    first, *rest = check_environment(brief=True).splitlines()
-    assert first.startswith("environment ok (") and "the rest warn" in first, first
-    assert len(rest) == 1 and rest[0].strip().startswith("WARNING  papermill: not installed"), rest
 
 
 def test_the_embedded_model_is_required_only_where_the_model_needs_it(monkeypatch):
@@ -115,6 +104,7 @@ def test_the_embedded_model_is_required_only_where_the_model_needs_it(monkeypatc
 
 def test_the_floors_are_the_same_in_requirements_pyproject_and_the_check():
     import re
+
     import tomllib
 
     def floors(lines) -> dict[str, str]:

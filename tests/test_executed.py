@@ -1,7 +1,9 @@
-"""The reference run's bookkeeping (helpers.executed): rerunning some notebooks keeps the other rows of its README."""
+"""The reference run's bookkeeping (helpers.executed): what each notebook runs with, and rerunning some notebooks
+keeps the other rows of its README."""
 
 import shutil
 import sys
+from pathlib import Path
 
 import papermill
 import pytest
@@ -14,8 +16,8 @@ def fake_papermill(monkeypatch):
     """Executing a notebook copies it: the bookkeeping is under test, not the notebooks."""
     ran = []
 
-    def execute(source, target, **kwargs):
-        ran.append(source)
+    def execute(source, target, parameters=None, **kwargs):
+        ran.append((source, parameters))
         shutil.copy(source, target)
 
     monkeypatch.setattr(papermill, "execute_notebook", execute)
@@ -26,20 +28,24 @@ def fake_papermill(monkeypatch):
 def test_rerunning_one_lesson_replaces_its_rows_and_keeps_the_others(tmp_path, fake_papermill):
     folder = tmp_path / "reference-run"
     folder.mkdir()
-    # A README as written before rows carried dates: one date for the whole run.
-    (folder / "README.md").write_text("# Reference run\n\n**Machine:** old. **Date:** 2026-11-30. Regenerate.\n\n"
-                                      "| notebook | wall time |\n|---|---|\n"
-                                      "| [00_setup.ipynb](00_setup.ipynb) | 20 s |\n"
-                                      "| [01_constrained_output.ipynb](01_constrained_output.ipynb) | 114 s |\n")
+    (folder / "README.md").write_text("# Reference run\n\n| notebook | wall time | executed |\n|---|---|---|\n"
+                                      "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |\n"
+                                      "| [01_constrained_output.ipynb](01_constrained_output.ipynb) | 114 s | 2026-11-30 |\n")
     chosen = [path for path in executed.sources() if path.name.startswith("01")]
     assert [path.parent.name for path in chosen] == ["notebooks", "solutions"], "the lesson and its solutions"
     executed.run(folder, chosen)
-    assert [str(path) for path in chosen] == fake_papermill
+    assert [source for source, _ in fake_papermill] == [str(path) for path in chosen]
+    for source, parameters in fake_papermill:  # the embedded model at the default scale, outputs beside the copy
+        target = executed.copy_of(Path(source), folder)
+        assert parameters == {"MODEL": "embedded", "SCALE": "default", "OUTPUT_DIR": str(target.parent)}, parameters
     rows = executed._table_rows(folder / "README.md")
     assert set(rows) == {"00_setup.ipynb", "01_constrained_output.ipynb", "solutions/01_solutions.ipynb"}
-    assert rows["00_setup.ipynb"] == "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |", "kept, with the old date"
+    assert rows["00_setup.ipynb"] == "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |", "kept as it was"
     assert "114 s" not in rows["01_constrained_output.ipynb"] and rows["01_constrained_output.ipynb"].count("|") == 4
-    assert (folder / "solutions" / "01_solutions.ipynb").exists()
+    readme = (folder / "README.md").read_text()
+    assert "test machine" in readme and 'SCALE="default"' in readme and "preset" not in readme.lower(), readme
+    copy = executed.notebook_format().read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
+    assert copy.cells[0].source.startswith("> **Reference run, not your results.** Executed on test machine")
 
 
 def test_only_refuses_a_number_no_notebook_has(monkeypatch, tmp_path, fake_papermill, capsys):

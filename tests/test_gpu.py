@@ -1,7 +1,7 @@
 """The GPU tier: the same checks on the machine's accelerator (CUDA or Apple MPS), skipped where there is none.
 
 Run it alone with ``.venv/bin/python -m pytest -m gpu``. Every other test runs on the CPU (conftest sets
-``SLM_DEVICE=cpu``), so this is where lessons, the benchmark and classify meet a GPU: the lessons at their floors in
+``SLM_DEVICE=cpu``), so this is where lessons, the benchmark and classify meet a GPU: the lessons at their quick scale in
 float32 and in the device's fast dtype, every batching path against the one-at-a-time loop on the device, the
 benchmark on two strategies, and classify with ``--device``.
 """
@@ -17,12 +17,11 @@ from helpers.bench import run_benchmark
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 from helpers.models import pick_dtype
-from helpers.lessons import COMMON, DEFAULTS
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
 from helpers.checks import assert_agrees, tolerance_for
 
-from .test_notebooks import NOTEBOOKS, SOLUTIONS, lesson_of, run_small
+from .test_notebooks import NOTEBOOKS, SOLUTIONS, run_small
 
 ACCELERATOR = ("cuda" if torch.cuda.is_available()
                else "mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else None)
@@ -41,10 +40,7 @@ def on_gpu():
 def test_the_notebooks_run_on_the_gpu(notebook, dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("SLM_DEVICE", ACCELERATOR)
     declared = papermill.inspect_notebook(str(notebook))
-    lesson = lesson_of(notebook)  # a lesson takes any setting, DTYPE or DTYPES, in OPTIONS
-    known = set(declared) | (set(COMMON) | set(DEFAULTS[lesson]) if lesson else set())
-    if lesson == "04":
-        known.discard("DTYPE")
+    known = set(declared)
     if dtype != "float32" and "DTYPE" not in known and "DTYPES" not in known:
         pytest.skip(f"{notebook.name} has no dtype parameter")
     extra = {"DTYPE": dtype} if "DTYPE" in known else {"DTYPES": sorted({"float32", dtype})}
@@ -70,13 +66,13 @@ def test_every_path_agrees_with_the_loop_on_the_gpu(on_gpu, strategy, batch_size
 
 def test_the_benchmark_runs_two_strategies_on_the_gpu():
     frame = run_benchmark("embedded", shots=2, batch_sizes=[4], strategies=["loop", "sorted_prefix"],
-                          dtypes=["float32", FAST], repeats=1, device=ACCELERATOR, progress=False, min_tickets=8)
+                          dtypes=["float32", FAST], repeats=1, device=ACCELERATOR, progress=False, every=40)
     assert set(frame["device"].str.split(":").str[0]) == {ACCELERATOR}
     float32 = frame[frame["dtype"] == "float32"]
     assert (float32["agreement"] == 1.0).all() and (float32["max_abs_diff"] <= 1e-3).all(), float32
     fast = frame[frame["dtype"] == FAST]
     assert len(fast) and (fast["max_abs_diff"] <= tolerance_for(FAST).atol).all(), fast
-    assert (frame["items_per_s"] > 0).all() and frame["peak_memory_mb"].notna().all()
+    assert (frame["items_per_s"] > 0).all()
 
 
 def test_classify_runs_on_the_gpu(tmp_path, capsys):

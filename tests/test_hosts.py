@@ -11,15 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import models as devices
-from helpers import bench, models
-from helpers import rows as sweep_rows
+from helpers import models
 from helpers.__main__ import main
 from helpers.batching import score_batched
+from helpers.checks import assert_agrees
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets, uses_chat_template
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.checks import assert_agrees
 
 ROOT = Path(__file__).parent.parent
 
@@ -55,32 +53,34 @@ def test_the_commands_run_without_nbformat_and_setup_cells_says_what_to_install(
 
 def test_a_probe_forward_finds_non_finite_logits(tiny_qwen):
     model, _, _ = tiny_qwen
-    assert devices.finite_logits(model)
+    assert models.finite_logits(model)
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.lm_head.weight.fill_(float("inf"))
-    assert not devices.finite_logits(broken)
+    assert not models.finite_logits(broken)
 
 
 def test_a_default_half_dtype_that_overflows_falls_back_to_float32_and_a_named_one_refuses(tiny_qwen, monkeypatch, capsys):
     model, _, _ = tiny_qwen
     half = copy.deepcopy(model).to(torch.float16)
-    monkeypatch.setattr(devices, "finite_logits", lambda model: False)
-    settled, dtype = devices.settle_dtype(half, torch.float16, None, "twin:tiny-qwen2")
+    monkeypatch.setattr(models, "finite_logits", lambda model: False)
+    settled, dtype = models.settle_dtype(half, torch.float16, None, "twin:tiny-qwen2")
     assert dtype == torch.float32 and settled.dtype == torch.float32
     assert "float16 gave non-finite logits in a probe forward (half-precision overflow): using float32" in capsys.readouterr().out
-    with pytest.raises(devices.HalfPrecisionError, match="non-finite logits in float16 .*use float32"):
-        devices.settle_dtype(copy.deepcopy(model).to(torch.float16), torch.float16, "float16", "twin:tiny-qwen2")
-    monkeypatch.setattr(devices, "finite_logits", lambda model: True)
-    assert devices.settle_dtype(half, torch.float16, None, "x")[1] == torch.float16, "a finite one is kept"
+    with pytest.raises(models.HalfPrecisionError, match="non-finite logits in float16 .*use float32"):
+        models.settle_dtype(copy.deepcopy(model).to(torch.float16), torch.float16, "float16", "twin:tiny-qwen2")
+    monkeypatch.setattr(models, "finite_logits", lambda model: True)
+    assert models.settle_dtype(half, torch.float16, None, "x")[1] == torch.float16, "a finite one is kept"
 
 
 def test_a_half_dtype_that_overflows_costs_the_benchmark_its_own_rows_only(monkeypatch, capsys):
+    from helpers import bench
+
     real = models.settle_dtype
 
     def overflow(model, dtype, requested, name, verbose=True):
         if dtype == torch.bfloat16:
-            raise devices.HalfPrecisionError(f"{name} gives non-finite logits in bfloat16 on cpu (half-precision overflow)")
+            raise models.HalfPrecisionError(f"{name} gives non-finite logits in bfloat16 on cpu (half-precision overflow)")
         return real(model, dtype, requested, name, verbose)
 
     monkeypatch.setattr(models, "settle_dtype", overflow)
@@ -95,6 +95,8 @@ def test_a_half_dtype_that_overflows_costs_the_benchmark_its_own_rows_only(monke
 
 
 def test_running_out_of_memory_in_one_row_loses_that_row_only(monkeypatch, capsys):
+    from helpers import bench
+
     real = bench.score_draw
 
     def score_draw(model, tokenizer, scorer, prompts, draw, prefix=None):
@@ -164,6 +166,8 @@ def test_classify_on_a_model_without_a_chat_template_says_so_and_verifies(base_m
 
 def test_the_notebook_sweep_leaves_out_a_row_whose_warm_up_runs_out_of_memory(monkeypatch, capsys):
     """Notebook 04's loop: its strategy's largest size goes, with the sizes above it; the next size down warms up."""
+    from helpers import rows as sweep_rows
+
     warmed = []
 
     def warm_up(model, tokenizer, scorer, prompts, draw, prefix=None):

@@ -3,10 +3,8 @@ import time
 import pytest
 import torch
 
-from helpers import devices
 from helpers import models
-from helpers.models import convert_embedded, load_model
-from helpers.models import pick_dtype
+from helpers.models import convert_embedded, load_model, pick_dtype
 
 
 def test_embedded_model_loads_with_a_record(embedded):
@@ -85,28 +83,28 @@ def test_dtype_names_are_resolved_and_bad_ones_refused():
 def test_cuda_dtypes_follow_the_compute_capability(capability, default, candidates):
     cuda = torch.device("cuda")
     assert pick_dtype(None, cuda, capability=capability) == default
-    assert devices.dtype_candidates(cuda, capability=capability) == candidates
+    assert models.dtype_candidates(cuda, capability=capability) == candidates
     assert pick_dtype("float32", cuda, capability=capability) == torch.float32, "an explicit dtype always wins"
 
 
 def test_cpu_and_mps_dtype_candidates():
-    assert devices.dtype_candidates("cpu") == [torch.float32, torch.bfloat16]
-    assert devices.dtype_candidates("mps") == [torch.float32, torch.float16, torch.bfloat16]
+    assert models.dtype_candidates("cpu") == [torch.float32, torch.bfloat16]
+    assert models.dtype_candidates("mps") == [torch.float32, torch.float16, torch.bfloat16]
 
 
 def test_an_unavailable_device_is_a_one_line_error():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="device 'cuda' asked for, but torch sees no CUDA GPU"):
-            devices.pick_device("cuda")
-    assert devices.pick_device("cpu") == torch.device("cpu")
+            models.pick_device("cuda")
+    assert models.pick_device("cpu") == torch.device("cpu")
 
 
 def test_the_device_comes_from_the_argument_then_slm_device_then_the_best_available(monkeypatch):
     monkeypatch.setenv("SLM_DEVICE", "cpu")  # e.g. SLM_DEVICE=cpu make notebooks on a GPU machine
-    assert devices.pick_device() == torch.device("cpu")
+    assert models.pick_device() == torch.device("cpu")
     monkeypatch.setenv("SLM_DEVICE", "auto")
     best = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    assert devices.pick_device().type == best and devices.pick_device("auto").type == best
+    assert models.pick_device().type == best and models.pick_device("auto").type == best
 
 
 def test_threads_are_shared_out_among_the_processes_of_one_machine(monkeypatch):

@@ -11,49 +11,20 @@ NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 # Worked solutions: solutions/NN_solutions.ipynb for lesson NN, one "## Exercise k" cell per exercise.
 SOLUTIONS = sorted((NOTEBOOK_DIR / "solutions").glob("[0-9][0-9]_*.ipynb"))
-# Small sizes for the suite. A lesson runs its recorded "test" configuration (helpers.costs.CONFIGS: every count
-# named, so its forward calls are the same on every machine and checked against the cost record); the solutions
-# run their own small sizes. Each notebook takes the parameters it declares, a lesson the rest in OPTIONS.
-SOLUTIONS_SMALL = {
-    "MODEL": "embedded",
-    "TIME_BUDGET_S": 5,
-    "FULL_SCALE": False,
-    "SHOT_COUNTS": [0, 3],
-    "FEW_SHOT": 3,
-    "REPEATS": 1,
-}
-PER_SOLUTION = {
-    "01_solutions": {"N_TICKETS": 12},
-    "03_solutions": {"N_TICKETS": 6},
-    "04_solutions": {"N_TICKETS": 4, "SHOTS": 1, "TWINS": ["embedded"], "N_FORCED": 2},  # exercise 2: another model than MODEL
-}
+# The suite runs every lesson and solutions notebook at its quick scale (each parameters cell holds its SIZES),
+# with its figures and CSVs under a temporary folder.
+SMALL = {"MODEL": "embedded", "SCALE": "quick"}
+SCALES = {"quick", "default", "full"}
 
 
 def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
-def lesson_of(notebook: Path) -> str | None:
-    """"01" for a lesson opened with ``open_lesson`` and recorded in the cost record; None for 00 and solutions."""
-    from helpers.costs import CONFIGS
-
-    return notebook.stem[:2] if notebook.parent == NOTEBOOK_DIR and notebook.stem[:2] in CONFIGS else None
-
-
 def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = None):
-    """Execute a notebook at small size (a lesson: its recorded test run; else the solutions' sizes it declares, and
-    ``extra``), its outputs under tmp_path/out; nothing may land in notebooks/ (lessons and solutions alike)."""
-    from helpers.costs import settings_for
-    from helpers.lessons import papermill_parameters
-
-    lesson = lesson_of(notebook)
-    if lesson is not None:
-        small = {**settings_for(lesson, "test"), "OUTPUT_DIR": str(tmp_path / "out"), **(extra or {})}
-        parameters = papermill_parameters(declared, small)
-    else:
-        small = {**SOLUTIONS_SMALL, **PER_SOLUTION.get(notebook.stem, {}), **(extra or {})}
-        parameters = {name: value for name, value in small.items() if name in declared}
-        parameters["OUTPUT_DIR"] = str(tmp_path / "out")
+    """Execute a notebook at its quick scale, its outputs under tmp_path/out; nothing may land in notebooks/."""
+    small = {**SMALL, **(extra or {}), "OUTPUT_DIR": str(tmp_path / "out")}
+    parameters = {name: value for name, value in small.items() if name in declared}
     before = sorted(NOTEBOOK_DIR.rglob("*"))
     executed = papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters,
                                           cwd=str(tmp_path), progress_bar=False, kernel_name="python3")
@@ -157,39 +128,54 @@ def code_before_first_section(notebook: Path) -> list[str]:
 def test_a_lesson_reaches_its_first_idea_after_at_most_15_lines_of_code(notebook):
     lines = code_before_first_section(notebook)
     assert len(lines) <= 15, f"{notebook.name}: {len(lines)} lines of code before its first section:\n" + "\n".join(lines)
-    knobs = [name for name in papermill.inspect_notebook(str(notebook)) if name != "OPTIONS"]
-    assert 3 <= len(knobs) <= 5, f"{notebook.name}: {len(knobs)} parameters in sight ({knobs}); rarely used ones go in OPTIONS"
+
+
+def sizes_of(notebook: Path) -> dict:
+    """The SIZES table of a notebook's parameters cell, evaluated."""
+    cell = next(cell for cell in json.loads(notebook.read_text())["cells"]
+                if "parameters" in cell.get("metadata", {}).get("tags", []))
+    names: dict = {}
+    exec("".join(cell["source"]), {}, names)
+    return names.get("SIZES", {})
+
+
+@pytest.mark.parametrize("notebook", [nb for nb in NOTEBOOKS + SOLUTIONS if not nb.stem.startswith("00")],
+                         ids=lambda path: path.stem)
+def test_every_size_a_lesson_runs_is_in_its_parameters_cell_at_each_scale(notebook):
+    declared = papermill.inspect_notebook(str(notebook))
+    for name in ("MODEL", "SCALE", "SIZES", "OUTPUT_DIR"):
+        assert name in declared, f"{notebook.name}: no {name} in its parameters cell"
+    sizes = sizes_of(notebook)
+    assert set(sizes) == SCALES, f"{notebook.name}: SIZES has scales {sorted(sizes)}, want {sorted(SCALES)}"
+    keys = {scale: sorted(values) for scale, values in sizes.items()}
+    assert len({tuple(k) for k in keys.values()}) == 1, f"{notebook.name}: the scales set different sizes: {keys}"
+    source = "".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"])
+    for gone in ("TIME_BUDGET_S", "OPTIONS", "open_lesson", "PRESET", "helpers.costs", "helpers.sizing"):
+        assert gone not in source, f"{notebook.name} still uses {gone}"
+
+
+HELPERS_NAMES = 20  # a lesson imports about this many names from helpers at most
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_runs_at_small_size(notebook, tmp_path, monkeypatch):
-    """Every lesson runs at small size, says how many tickets it chose and why, and makes the forward calls its cost
-    record (helpers.costs) holds for that run: a pass added, removed or reshaped fails here until the record is
-    regenerated."""
-    from helpers import calls, costs
+def test_a_lesson_imports_few_names_from_helpers(notebook):
+    source = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"])
+    names = set()
+    for match in re.finditer(r"^from helpers(?:\.\w+)? import \(?([^)\n]+(?:\n[^)]+)*)\)?", source, re.M):
+        names |= {part.split(" as ")[0].strip() for part in match.group(1).replace("\n", ",").split(",") if part.strip()}
+    names |= set(re.findall(r"^import (helpers\.\w+)", source, re.M))
+    assert len(names) <= HELPERS_NAMES + 2, f"{notebook.name} imports {len(names)} names from helpers: {sorted(names)}"
 
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_notebook_runs_at_small_size(notebook, tmp_path):
+    """Every lesson runs at its quick scale, and every figure it says it saved is there."""
     declared = papermill.inspect_notebook(str(notebook))
-    lesson = lesson_of(notebook)
-    assert "MODEL" in declared and ("N_TICKETS" in declared or "TICKETS_PER_POINT" in declared), \
-        f"{notebook.name}: parameters cell is missing knobs"
-    if lesson is not None:
-        assert "TIME_BUDGET_S" in declared and "OPTIONS" in declared, f"{notebook.name}: no time budget or OPTIONS"
-        monkeypatch.setenv(calls.ENV, str(tmp_path / "calls.jsonl"))
-    else:
-        assert "OUTPUT_DIR" in declared, f"{notebook.name}: no OUTPUT_DIR parameter for its figures and CSVs"
+    assert "MODEL" in declared and "OUTPUT_DIR" in declared, f"{notebook.name}: parameters cell is missing knobs"
     executed = run_small(notebook, declared, tmp_path)
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     saved = [line for line in printed_lines(executed) if "saved" in line]
     assert all(any(name in line for name in written) for line in saved), (saved, written)
-    if lesson is None:
-        return
-    printed = "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", []))
-    assert any(why in printed for why in ("tickets: set explicitly (estimated", "each point at least")), \
-        f"{notebook.name}: the notebook must say how many tickets it chose and why"
-    recorded = calls.read(tmp_path / "calls.jsonl") if (tmp_path / "calls.jsonl").exists() else {}
-    changed = costs.differences(lesson, costs.cells_of(executed, recorded))
-    assert not changed, (f"{notebook.name} makes other forward calls than its cost record holds; regenerate the cost "
-                         f"record (python -m helpers costs --only {lesson}):\n" + "\n".join(changed))
 
 
 # The solutions run on the random-weight tiny Qwen2 (every cell and assertion, in seconds); their answers on the

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 MODULES = sorted(p for p in (ROOT / "helpers").glob("*.py") if p.stem not in ("__init__", "__main__"))
-TEACHING = ["generation", "scoring", "labels", "agreement", "stats", "prefix_cache", "batching", "sweep", "rows", "data"]
+TEACHING = ["generation", "scoring", "labels", "checks", "prefix_cache", "batching", "bench", "data"]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)
@@ -35,9 +35,9 @@ def imported_modules(notebook: Path) -> set[str]:
     return set(re.findall(r"^\s*from helpers\.(\w+) import", code, re.M)) | set(re.findall(r"^\s*import helpers\.(\w+)", code, re.M))
 
 
-def test_lesson_01_imports_neither_benchmarking_nor_sizing():
+def test_lesson_01_imports_nothing_about_benchmarking():
     imported = imported_modules(next((ROOT / "notebooks").glob("01_*.ipynb")))
-    assert not imported & {"bench", "rows", "roofs", "sweep", "sizing", "costs", "calls"}, sorted(imported)
+    assert not imported & {"bench", "roofs", "profile"}, sorted(imported)
 
 
 def test_the_front_page_is_a_front_page():
@@ -45,3 +45,26 @@ def test_the_front_page_is_a_front_page():
     assert size <= 10_500, f"README.md is {size} bytes: move reference material to docs/"
     for page in re.findall(r"\]\((docs/[\w.-]+\.md)", (ROOT / "README.md").read_text()):
         assert (ROOT / page).is_file(), f"README.md links to {page}, which does not exist"
+
+
+def package_imports() -> dict[str, set[str]]:
+    """module -> the helpers modules it imports (at any depth of its code)."""
+    graph = {}
+    for module in (ROOT / "helpers").glob("*.py"):
+        tree = ast.parse(module.read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {alias.name for alias in node.names}
+        graph[module.stem] = found
+    return graph
+
+
+def test_no_two_modules_import_each_other_in_a_circle():
+    graph = package_imports()
+
+    def reaches(start, goal, seen=()):
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph.get(start, ()))
+
+    circles = sorted(name for name in graph if reaches(name, name))
+    assert not circles, f"helpers modules in an import circle: {circles}"
