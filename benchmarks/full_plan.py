@@ -5,7 +5,8 @@ same process; the script prints both numbers and their ratio.
     python benchmarks/full_plan.py                    # the defaults below: about 15 minutes on 2 cores
     python benchmarks/full_plan.py --rows loop:1:0:32:9,sorted:32:0:32:9 --repeats 3
 
-A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``). The defaults are notebook 03's
+A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``). The defaults are notebook
+03's
 race (zero-shot, the loop against sorted batches of 32) and notebook 04's 3-shot loop and its best size on a
 2-core CPU (sorted batches of 8 on the prefix cache), each at its lesson's default sample.
 """
@@ -50,17 +51,28 @@ def main() -> None:
             rows[k] = Row(name, size, POOL, scale_to_plan(planned, sample, strategy, size), sample)
 
         def run(row):
-            return score_batched(model, tokenizer, scorer, [prompts[i] for i in row.sample], strategy,
-                                 batch_size=size, prefix=cache, progress=False).info["seconds"]
+            return score_batched(
+                model,
+                tokenizer,
+                scorer,
+                [prompts[i] for i in row.sample],
+                strategy,
+                batch_size=size,
+                prefix=cache,
+                progress=False,
+            ).info["seconds"]
 
         run(rows[every])  # warm-up
         rows[every].seconds = [run(rows[every]) for _ in range(args.repeats)]
         rows[1].seconds = [run(rows[1])]
         sampled, whole = rows[every], rows[1]
-        print(f"{name} at {size}, {shots} shots: sample {sampled.items_per_s:.2f} items/s ({sampled.timed}, every "
-              f"{every}-th block of {block}; repeats {sampled.spread[0]:.2f}-{sampled.spread[1]:.2f}) | all {POOL} "
-              f"timed once {whole.items_per_s:.2f} items/s | sample / full = {sampled.items_per_s / whole.items_per_s:.3f}",
-              flush=True)
+        print(
+            f"{name} at {size}, {shots} shots: sample {sampled.items_per_s:.2f} items/s ({sampled.timed}, every "
+            f"{every}-th block of {block}; repeats {sampled.spread[0]:.2f}-{sampled.spread[1]:.2f}) | all {POOL} "
+            f"timed once {whole.items_per_s:.2f} items/s | "
+            f"sample / full = {sampled.items_per_s / whole.items_per_s:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

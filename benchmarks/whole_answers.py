@@ -16,12 +16,11 @@ import numpy as np
 import torch
 
 from helpers.batching import score_batched
+from helpers.checks import assert_agrees, mcnemar_exact, wilson_interval
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, LabelScores, score_one_by_one
-from helpers.checks import mcnemar_exact, wilson_interval
-from helpers.checks import assert_agrees
 
 REPEATS = 3  # timed runs per variant, alternating which goes first
 
@@ -39,8 +38,9 @@ def main(n: int) -> None:
             prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
 
             def run(complete):
-                return score_batched(model, tokenizer, scorers[complete], prompts, "sorted", batch_size=8,
-                                     prefix=prefix, progress=False)
+                return score_batched(
+                    model, tokenizer, scorers[complete], prompts, "sorted", batch_size=8, prefix=prefix, progress=False
+                )
 
             results, seconds = {}, {False: [], True: []}
             for complete in (False, True):  # the warm-up run, checked against the loop on 12 tickets
@@ -59,11 +59,17 @@ def main(n: int) -> None:
             for complete, name in ((False, "prefixes"), (True, "whole")):
                 low, high = wilson_interval(int(correct[complete].sum()), n)
                 counts = {label: int((predicted[complete] == label).sum()) for label in LABELS}
-                print(f"{style:7s} {shots}-shot {name:8s}: accuracy {correct[complete].mean():.3f} [{low:.2f}, {high:.2f}], "
-                      f"{n / statistics.median(seconds[complete]):.1f} items/s (runs {min(seconds[complete]):.2f}-"
-                      f"{max(seconds[complete]):.2f} s) {counts}")
-            print(f"    same label {np.mean(predicted[False] == predicted[True]):.3f}; discordant {only_prefix} vs "
-                  f"{only_whole}, McNemar exact p={mcnemar_exact(only_prefix, only_whole):.3f}", flush=True)
+                print(
+                    f"{style:7s} {shots}-shot {name:8s}: accuracy {correct[complete].mean():.3f} "
+                    f"[{low:.2f}, {high:.2f}], "
+                    f"{n / statistics.median(seconds[complete]):.1f} items/s (runs {min(seconds[complete]):.2f}-"
+                    f"{max(seconds[complete]):.2f} s) {counts}"
+                )
+            print(
+                f"    same label {np.mean(predicted[False] == predicted[True]):.3f}; discordant {only_prefix} vs "
+                f"{only_whole}, McNemar exact p={mcnemar_exact(only_prefix, only_whole):.3f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

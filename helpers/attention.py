@@ -3,7 +3,8 @@
 Qwen2.5 and SmolLM2 use grouped-query attention: several query heads share one key/value head
 (SmolLM2-135M: 9 query heads, 3 key/value heads). On CPU, transformers' ``sdpa`` attention copies each
 key/value head once per query head (``repeat_kv``) whenever a mask is given and more than one token is queried,
-which is always the case for a padded batch or a cached prefix: in a batch on top of the prefix cache that is 3 copies of every row's prefix, per
+which is always the case for a padded batch or a cached prefix: in a batch on top of the prefix cache that is 3 copies
+of every row's prefix, per
 layer, per batch. PyTorch's SDPA can read the shared heads itself (``enable_gqa=True``); on CPU its kernel
 takes masks that way. On CUDA a mask with ``enable_gqa`` falls back to the slow math kernel, so this is a
 CPU choice: ``use_gqa_attention`` switches a model to it only there.
@@ -32,7 +33,13 @@ def sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     if is_causal and key.shape[2] > query.shape[2]:
         key, value = key[:, :, : query.shape[2]], value[:, :, : query.shape[2]]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal,
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None

@@ -24,7 +24,8 @@ STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
 
 class NonFiniteScores(RuntimeError):
-    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it). Notebook 03, section 8."""
+    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it).
+    Notebook 03, section 8."""
 
 
 @dataclass
@@ -83,7 +84,7 @@ def plan_batches(
         return [list(range(start, min(start + batch_size, n))) for start in range(0, n, batch_size)]
     order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
     if strategy == "sorted":
-        return [order[start:start + batch_size] for start in range(0, n, batch_size)]
+        return [order[start : start + batch_size] for start in range(0, n, batch_size)]
     batches: list[list[int]] = []
     current: list[int] = []
     for index in order:
@@ -98,7 +99,8 @@ def plan_batches(
 
 
 def padding_report(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> PaddingReport:
-    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches). Notebook 03, section 4."""
+    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches). Notebook 03, section
+    4."""
     processed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
     real = sum(lengths[i] for batch in batches for i in batch)
     return PaddingReport(int(real), int(processed), len(batches))
@@ -110,7 +112,8 @@ def global_padding_factor(lengths: Sequence[int]) -> float:
 
 
 def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
-    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row. Notebook 03, section 4."""
+    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row.
+    Notebook 03, section 4."""
     return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
 
 
@@ -160,8 +163,14 @@ def score_batched(
             full[i] = ids
     tokenized = time.perf_counter()
     # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
-    groups = [(items, rows, group_prefix) for items, rows, group_prefix in (
-        (list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)) if items]
+    groups = [
+        (items, rows, group_prefix)
+        for items, rows, group_prefix in (
+            (list(cached), list(cached.values()), prefix),
+            (list(full), list(full.values()), None),
+        )
+        if items
+    ]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     real = processed = n_batches = 0
     passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
@@ -179,8 +188,9 @@ def score_batched(
                 slots = [items[j] for j in batch]
                 began = time.perf_counter()
                 # Scores go back to their input slots: batches run in sorted order.
-                scores[slots] = label_log_probs(model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id,
-                                                prefix=group_prefix)
+                scores[slots] = label_log_probs(
+                    model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, prefix=group_prefix
+                )
                 batch_seconds.append(time.perf_counter() - began)
                 ran.append(slots)
                 if on_batch is not None:

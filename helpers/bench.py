@@ -34,8 +34,12 @@ from .scoring import LabelScorer, LabelScores, score_one_by_one
 
 POOL = 600  # the reference's tickets: the full-scale workload
 # name -> (batching strategy, uses the prefix cache)
-STRATEGIES = {"loop": ("loop", False), "loop_prefix": ("loop", True), "sorted": ("sorted", False),
-              "sorted_prefix": ("sorted", True)}
+STRATEGIES = {
+    "loop": ("loop", False),
+    "loop_prefix": ("loop", True),
+    "sorted": ("sorted", False),
+    "sorted_prefix": ("sorted", True),
+}
 LOOPS = {"sorted": "loop", "sorted_prefix": "loop_prefix"}  # sorted batches of one are the loop
 
 
@@ -45,8 +49,8 @@ def sample_tickets(lengths: Sequence[int], block: int, every: int) -> list[int]:
     if block < 1 or every < 1:
         raise ValueError(f"block and every must be >= 1, got block={block}, every={every}")
     order = np.argsort(-np.asarray(lengths), kind="stable")
-    blocks = [order[start:start + block] for start in range(0, len(order), block)]
-    picked = blocks[every // 2::every] or [blocks[len(blocks) // 2]]
+    blocks = [order[start : start + block] for start in range(0, len(order), block)]
+    picked = blocks[every // 2 :: every] or [blocks[len(blocks) // 2]]
     return [int(i) for chunk in picked for i in chunk]
 
 
@@ -89,12 +93,18 @@ class Row:
 
     @property
     def timed(self) -> str:
-        return f"all {self.n} timed" if len(self.sample) == self.n else f"{len(self.sample)} of {self.n} timed, x{self.scale:.2f}"
+        return (
+            f"all {self.n} timed"
+            if len(self.sample) == self.n
+            else f"{len(self.sample)} of {self.n} timed, x{self.scale:.2f}"
+        )
 
     def __str__(self) -> str:
         low, high = self.spread
-        return (f"{self.name} at {self.batch_size}: {self.items_per_s:.2f} items/s on {self.n} tickets ({self.timed}; "
-                f"repeats {low:.2f}-{high:.2f})")
+        return (
+            f"{self.name} at {self.batch_size}: {self.items_per_s:.2f} items/s on {self.n} tickets ({self.timed}; "
+            f"repeats {low:.2f}-{high:.2f})"
+        )
 
 
 def beyond_spread(a: Row, b: Row) -> bool:
@@ -112,13 +122,32 @@ def results_frame(rows: dict, reference: LabelScores, info, shots: int, prefix_t
     for row in rows.values():
         check = agreement(reference, row.scores)
         low, high = row.spread
-        records.append(dict(
-            strategy=row.name, batch_size=row.batch_size, dtype=info.dtype, items_per_s=row.items_per_s,
-            items_per_s_min=low, items_per_s_max=high, n=row.n, timed=row.timed, sample_tickets=len(row.sample),
-            scale=row.scale, padding_fraction=row.scores.info["padding_fraction"], plan_padding=row.plan_padding,
-            shots=shots, prefix_tokens=prefix_tokens, repeats=len(row.seconds), agreement=check["agreement"],
-            max_abs_diff=check["max_abs_diff"], model=info.name, device=info.device, threads=info.threads,
-            timing_only=info.timing_only, machine=machine_name(info.device)))
+        records.append(
+            dict(
+                strategy=row.name,
+                batch_size=row.batch_size,
+                dtype=info.dtype,
+                items_per_s=row.items_per_s,
+                items_per_s_min=low,
+                items_per_s_max=high,
+                n=row.n,
+                timed=row.timed,
+                sample_tickets=len(row.sample),
+                scale=row.scale,
+                padding_fraction=row.scores.info["padding_fraction"],
+                plan_padding=row.plan_padding,
+                shots=shots,
+                prefix_tokens=prefix_tokens,
+                repeats=len(row.seconds),
+                agreement=check["agreement"],
+                max_abs_diff=check["max_abs_diff"],
+                model=info.name,
+                device=info.device,
+                threads=info.threads,
+                timing_only=info.timing_only,
+                machine=machine_name(info.device),
+            )
+        )
     return pd.DataFrame(records)
 
 
@@ -134,10 +163,19 @@ def sweep_rows(strategies: Sequence[str], batch_sizes: Sequence[int]) -> list[tu
     return rows
 
 
-def run_benchmark(model_name: str | None = None, shots: int = 3, strategies: Sequence[str] = tuple(STRATEGIES),
-                  batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), dtypes: Sequence[str] = ("float32",),
-                  every: int = 10, repeats: int = 3, n: int = POOL, device: str | None = None,
-                  compile: bool = False, progress: bool = True) -> pd.DataFrame:
+def run_benchmark(
+    model_name: str | None = None,
+    shots: int = 3,
+    strategies: Sequence[str] = tuple(STRATEGIES),
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    dtypes: Sequence[str] = ("float32",),
+    every: int = 10,
+    repeats: int = 3,
+    n: int = POOL,
+    device: str | None = None,
+    compile: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
     """``python -m helpers bench``: notebook 04's sweep. Every (strategy, batch size) row in every dtype, timed on
     the same sample (every ``every``-th block of the sorted order), ``repeats`` rounds in alternating order after a
     warm-up, scaled to all ``n`` tickets, each row's scores checked against the float32 loop on every sampled ticket.
@@ -167,14 +205,27 @@ def run_benchmark(model_name: str | None = None, shots: int = 3, strategies: Seq
         for name, size in rows:
             strategy, uses_prefix = STRATEGIES[name]
             planned = row_lengths(lengths, uses_prefix, cache.length)
-            found[name, size] = Row(name, size, n, scale_to_plan(planned, sample, strategy, size), sample,
-                                    plan_padding=padding_report(planned, plan_batches(planned, strategy, size))
-                                    .padding_fraction)
+            found[name, size] = Row(
+                name,
+                size,
+                n,
+                scale_to_plan(planned, sample, strategy, size),
+                sample,
+                plan_padding=padding_report(planned, plan_batches(planned, strategy, size)).padding_fraction,
+            )
 
         def run(key):
             strategy, uses_prefix = STRATEGIES[key[0]]
-            return score_batched(model, tokenizer, scorer, timed, strategy, batch_size=key[1],
-                                 prefix=cache if uses_prefix else None, progress=False)
+            return score_batched(
+                model,
+                tokenizer,
+                scorer,
+                timed,
+                strategy,
+                batch_size=key[1],
+                prefix=cache if uses_prefix else None,
+                progress=False,
+            )
 
         for key in list(found):  # warm-up: each row once, untimed (first calls allocate and pick kernels)
             try:

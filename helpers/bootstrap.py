@@ -13,7 +13,7 @@ from .executed import notebook_format
 from .executed import sources as course_notebooks
 
 CELL_TAG = "setup"
-SETUP_CELL = '''\
+SETUP_CELL = """\
 # Setup: where this kernel lacks the course's `helpers` package (a fresh Colab or Kaggle notebook, a plain Jupyter),
 # install it from $SLM_COURSE_SOURCE, else the course folder around this notebook (editable: your edits count), else
 # COURSE_SOURCE. Elsewhere this cell does nothing. Instructors set COURSE_SOURCE: python -m helpers setup-cells
@@ -39,7 +39,7 @@ if importlib.util.find_spec("helpers") is None:
                 "on Kaggle, turn on Internet in the notebook's settings, or attach the course as a dataset and run "
                 "%env SLM_COURSE_SOURCE=/kaggle/input/DATASET" if kaggle else "check the address and the network")
                 + ", then rerun this cell") from None
-    importlib.invalidate_caches()'''
+    importlib.invalidate_caches()"""
 _SOURCE_LINE = re.compile(r"^COURSE_SOURCE = (.*)$", re.M)
 
 

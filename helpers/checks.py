@@ -9,17 +9,15 @@ section 4 checks by hand first; every later lesson calls ``assert_agrees``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import math
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .scoring import LabelScores
-
 
 # Lower precision rounds every layer: batched, cached and padded paths then differ from the loop by rounding.
 # Measured on the embedded model (24 few-shot tickets, sorted/arbitrary batches of 8, prefix cache, on a CPU):
@@ -32,7 +30,8 @@ LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
 @dataclass(frozen=True)
 class Tolerance:
     """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical,
-    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``. Notebook 01, section 4."""
+    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``. Notebook
+    01, section 4."""
 
     dtype: str
     atol: float
@@ -41,12 +40,15 @@ class Tolerance:
     def __str__(self) -> str:
         if not self.near_ties:
             return f"{self.dtype}: identical labels, log-probs within {self.atol:.0e}"
-        return (f"{self.dtype} (low precision): log-probs within {self.atol:g}, labels identical except near-ties "
-                f"(the reference's top two within {self.atol:g}, where rounding may order them either way)")
+        return (
+            f"{self.dtype} (low precision): log-probs within {self.atol:g}, labels identical except near-ties "
+            f"(the reference's top two within {self.atol:g}, where rounding may order them either way)"
+        )
 
 
 def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
-    """The agreement check for results computed in ``dtype`` (a model's ``.dtype`` or its name). Notebook 01, section 4."""
+    """The agreement check for results computed in ``dtype`` (a model's ``.dtype`` or its name). Notebook 01, section
+    4."""
     name = str(dtype).removeprefix("torch.")
     if name == "float32":
         return Tolerance(name, FLOAT32_ATOL, False)
@@ -56,7 +58,8 @@ def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
 
 
 def top2_margin(scores: LabelScores) -> torch.Tensor:
-    """Per item, how far the best label's log-score is ahead of the second best (inf with one label). Notebook 01, section 4."""
+    """Per item, how far the best label's log-score is ahead of the second best (inf with one label). Notebook 01,
+    section 4."""
     if scores.log_scores.shape[-1] < 2:
         return torch.full((len(scores),), float("inf"))
     top = scores.log_scores.topk(2, dim=-1).values
@@ -76,8 +79,12 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
     same = reference.predicted_index == candidate.predicted_index
     tie = (top2_margin(reference) < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
-    return {"agreement": float(same.mean()), "max_abs_diff": diff, "n": len(reference),
-            "near_ties": int((~same & tie).sum())}
+    return {
+        "agreement": float(same.mean()),
+        "max_abs_diff": diff,
+        "n": len(reference),
+        "near_ties": int((~same & tie).sum()),
+    }
 
 
 def assert_agrees(
@@ -117,20 +124,24 @@ def assert_agrees(
         )
     return stats
 
+
 def coverage_curve(confidence, correct, thresholds=None) -> pd.DataFrame:
-    """Route tickets below a confidence threshold to a human: coverage and accuracy of the rest. Notebook 01, section 5."""
+    """Route tickets below a confidence threshold to a human: coverage and accuracy of the rest. Notebook 01, section
+    5."""
     confidence, correct = np.asarray(confidence), np.asarray(correct, dtype=bool)
     if thresholds is None:
         thresholds = np.unique(np.concatenate([[0.0], confidence]))
     rows = []
     for threshold in thresholds:
         kept = confidence >= threshold
-        rows.append({
-            "threshold": float(threshold),
-            "coverage": kept.mean(),
-            "accuracy": correct[kept].mean() if kept.any() else np.nan,
-            "to_human": int((~kept).sum()),
-        })
+        rows.append(
+            {
+                "threshold": float(threshold),
+                "coverage": kept.mean(),
+                "accuracy": correct[kept].mean() if kept.any() else np.nan,
+                "to_human": int((~kept).sum()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -178,7 +189,8 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
 def paired_verdict(name_a: str, correct_a, name_b: str, correct_b, alpha: float = 0.05) -> dict:
     """Two classifiers scored on the same tickets, compared by McNemar's exact test: the tickets only one of them
     got right (``only_a``, ``only_b``), the p-value, and a one-line ``verdict`` that names a winner only when
-    p < ``alpha``. ``correct_a`` and ``correct_b``: per ticket, right or wrong, in the same ticket order. Notebook 01, section 6."""
+    p < ``alpha``. ``correct_a`` and ``correct_b``: per ticket, right or wrong, in the same ticket order. Notebook 01,
+    section 6."""
     a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"{name_a} and {name_b} must be scored on the same tickets: got {a.shape} and {b.shape}")

@@ -14,10 +14,7 @@ import pandas as pd
 
 LABELS: tuple[str, ...] = ("billing", "technical", "account")
 
-SYSTEM_PROMPT = (
-    "You classify customer support tickets. "
-    "Answer with exactly one of these categories: {labels}."
-)
+SYSTEM_PROMPT = "You classify customer support tickets. Answer with exactly one of these categories: {labels}."
 # Optional label descriptions for the instruction: they help a small model and lengthen the static prefix.
 LABEL_DESCRIPTIONS = {
     "billing": "payments, charges, invoices, refunds, prices",
@@ -111,7 +108,8 @@ VARIED_FILLERS = [
 
 
 def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
-    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, sections 3-4."""
+    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, sections
+    3-4."""
     rng = np.random.default_rng(seed)
     return np.clip(rng.lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
 
@@ -160,12 +158,7 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
         raise ValueError(f"unknown ticket style {style!r}: use 'article' or 'varied'")
     texts, labels = zip(*rows)
     return pd.DataFrame(
-        {
-            "id": np.arange(n),
-            "text": list(texts),
-            "label": list(labels),
-            "n_words": [len(t.split()) for t in texts],
-        }
+        {"id": np.arange(n), "text": list(texts), "label": list(labels), "n_words": [len(t.split()) for t in texts]}
     )
 
 
@@ -194,7 +187,8 @@ def few_shot_examples(k: int) -> list[tuple[str, str]]:
 
 
 def system_message(labels: Sequence[str] = LABELS, descriptions: dict[str, str] | None = None) -> str:
-    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``). Notebook 00, sections 3-4."""
+    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``). Notebook 00,
+    sections 3-4."""
     text = SYSTEM_PROMPT.format(labels=", ".join(labels))
     if descriptions:
         text += "".join(f"\n- {label}: {descriptions[label]}" for label in labels if label in descriptions)
@@ -207,7 +201,8 @@ def build_messages(
     examples: Sequence[tuple[str, str]] = (),
     descriptions: dict[str, str] | None = None,
 ) -> list[dict[str, str]]:
-    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket. Notebook 00, sections 3-4."""
+    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket. Notebook 00, sections
+    3-4."""
     messages = [{"role": "system", "content": system_message(labels, descriptions)}]
     for text, label in examples:
         messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=text)})
@@ -235,7 +230,8 @@ def plain_prompt(
 ) -> str:
     """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its
     label after "Category:", then the ticket, ending at "Category:" (the label follows after ``PLAIN_DELIMITER``).
-    Starts with the tokenizer's BOS token where it has one, as the model saw text in training. Notebook 00, sections 3-4."""
+    Starts with the tokenizer's BOS token where it has one, as the model saw text in training. Notebook 00, sections
+    3-4."""
     parts = [system_message(labels, descriptions)]
     parts += [USER_TEMPLATE.format(ticket=text) + PLAIN_DELIMITER + label for text, label in examples]
     parts.append(USER_TEMPLATE.format(ticket=ticket))
@@ -260,13 +256,14 @@ def build_prompt(
 
 def answer_tokens(tokenizer, label: str) -> list[int]:
     """A label's tokens as they follow the prompt: right after the chat template's generation prompt, or, in a plain
-    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word). Notebook 00, sections 3-4."""
+    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word).
+    Notebook 00, sections 3-4."""
     if uses_chat_template(tokenizer):
         return tokenizer(label, add_special_tokens=False)["input_ids"]
     context = tokenizer(USER_TEMPLATE.format(ticket="x"), add_special_tokens=False)["input_ids"]
     whole = tokenizer(USER_TEMPLATE.format(ticket="x") + PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
-    if whole[:len(context)] == context and len(whole) > len(context):
-        return whole[len(context):]
+    if whole[: len(context)] == context and len(whole) > len(context):
+        return whole[len(context) :]
     return tokenizer(PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
 
 
@@ -276,5 +273,6 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads). Notebook 00, sections 3-4."""
+    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads). Notebook 00,
+    sections 3-4."""
     return tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if len(prompts) else []

@@ -13,7 +13,6 @@ import numpy as np
 
 from .plots import caption, finish, set_title
 
-
 SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
 
 
@@ -21,8 +20,15 @@ SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "la
 BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 
 
-def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: str, path="generate_vs_score.png",
-                           title: str | None = None, answer: str | None = None, score_tokens: int | None = None):
+def plot_generate_vs_score(
+    steps,
+    label_probs: dict[str, float],
+    caption_text: str,
+    path="generate_vs_score.png",
+    title: str | None = None,
+    answer: str | None = None,
+    score_tokens: int | None = None,
+):
     """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.generation.generation_steps``:
     input tokens, the token it chose and its probability) above scoring's single pass. Right: what that single pass
     gives, every label's probability. ``answer``: the generated text as the parser sees it (default: the tokens
@@ -39,11 +45,17 @@ def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: s
     colours = ["C3"] * len(steps) + ["C0"]
     left.barh(range(len(rows)), widths, color=colours, alpha=0.8)
     for k, step in enumerate(steps.itertuples()):
-        left.text(step.input_tokens * 1.15, k, f"{step.input_tokens} token(s) in -> {step.token!r} "
-                  f"(p = {step.probability:.2f})", va="center", fontsize=8)
+        left.text(
+            step.input_tokens * 1.15,
+            k,
+            f"{step.input_tokens} token(s) in -> {step.token!r} (p = {step.probability:.2f})",
+            va="center",
+            fontsize=8,
+        )
     parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
-    left.text(scored * 1.15, len(steps), f"{scored} tokens{parts} in -> every label's probability", va="center",
-              fontsize=8)
+    left.text(
+        scored * 1.15, len(steps), f"{scored} tokens{parts} in -> every label's probability", va="center", fontsize=8
+    )
     left.set_xscale("log")
     left.set_xlim(0.7, prompt * 60)
     left.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -60,15 +72,18 @@ def plot_generate_vs_score(steps, label_probs: dict[str, float], caption_text: s
     right.set_title("what scoring's one pass returns", fontsize=9)
     answer = "".join(steps["token"]) if answer is None else answer
     if title is None:
-        title = (f"Generating {answer.strip()!r} took {len(steps)} forward passes and gives text to parse; scoring "
-                 f"takes 1 and gives {len(labels)} probabilities (top: {labels[int(np.argmax(probs))]}, "
-                 f"{max(probs):.0%})")
+        title = (
+            f"Generating {answer.strip()!r} took {len(steps)} forward passes and gives text to parse; scoring "
+            f"takes 1 and gives {len(labels)} probabilities (top: {labels[int(np.argmax(probs))]}, "
+            f"{max(probs):.0%})"
+        )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, caption_text, path)
 
 
-def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="tree_mask.png",
-                   title: str | None = None, labels=None):
+def plot_tree_mask(
+    allowed, key_names, caption_text: str, branch_of=None, path="tree_mask.png", title: str | None = None, labels=None
+):
     """One row's attention: which keys (columns) each query (rows: the last ``len(allowed)`` keys) may see.
 
     ``allowed``: (queries, keys) booleans; ``key_names``: a token per key. ``branch_of``: per key, the label branch
@@ -88,21 +103,25 @@ def plot_tree_mask(allowed, key_names, caption_text: str, branch_of=None, path="
     fig, ax = plt.subplots(figsize=(0.42 * keys + 2.5, 0.42 * queries + 2.2))
     ax.imshow(picture, aspect="equal", interpolation="nearest")
     ax.set_xticks(range(keys), key_names, rotation=90, fontsize=8)
-    ax.set_yticks(range(queries), key_names[keys - queries:], fontsize=8)
+    ax.set_yticks(range(queries), key_names[keys - queries :], fontsize=8)
     ax.set_xticks(np.arange(-0.5, keys), minor=True)
     ax.set_yticks(np.arange(-0.5, queries), minor=True)
     ax.grid(which="minor", color="0.85", linewidth=0.5)
     ax.tick_params(which="minor", length=0)
     ax.set_xlabel("keys: the prompt's last tokens, then each label branch (white: masked)")
     ax.set_ylabel("queries")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[-1])] + [plt.Rectangle((0, 0), 1, 1, color=palette[b])
-                                                                   for b in branches]
-    names = ["prompt"] + [f"{labels[b]!r}" if labels is not None else f"label branch {k + 1}"
-                          for k, b in enumerate(branches)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[-1])] + [
+        plt.Rectangle((0, 0), 1, 1, color=palette[b]) for b in branches
+    ]
+    names = ["prompt"] + [
+        f"{labels[b]!r}" if labels is not None else f"label branch {k + 1}" for k, b in enumerate(branches)
+    ]
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     if title is None:
-        title = (f"A tree mask: {len(branches)} label branches each see the whole prompt and their own tokens, "
-                 "never another branch")
+        title = (
+            f"A tree mask: {len(branches)} label branches each see the whole prompt and their own tokens, "
+            "never another branch"
+        )
     set_title(ax, title)
     return fig, finish(fig, caption_text, path)
 
@@ -123,25 +142,39 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
             raise ValueError(f"{name}: {len(keys)} positions but {len(kinds)} kinds")
         width = keys.shape[1]
         strip = max(2, width // 8)
-        ax.imshow(keys, aspect="auto", cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest",
-                  extent=(strip - 0.5, strip + width - 0.5, len(keys) - 0.5, -0.5))
+        ax.imshow(
+            keys,
+            aspect="auto",
+            cmap="RdBu_r",
+            vmin=-scale,
+            vmax=scale,
+            interpolation="nearest",
+            extent=(strip - 0.5, strip + width - 0.5, len(keys) - 0.5, -0.5),
+        )
         for position, kind in enumerate(kinds):
             ax.add_patch(plt.Rectangle((-0.5, position - 0.5), strip, 1, color=colours[kind], lw=0))
         ax.set_xlim(-0.5, strip + width - 0.5)
         ax.set_ylim(longest - 0.5, -0.5)
         counts = {kind: list(kinds).count(kind) for kind in colours if kind in kinds}
-        ax.set_title(textwrap.fill(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()), 34),
-                     fontsize=8)
+        ax.set_title(
+            textwrap.fill(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()), 34), fontsize=8
+        )
         ax.set_xlabel("dimensions of one key/value head")
         ax.set_xticks([])
     axes[0][0].set_ylabel("token position in the cache")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    axes[0][-1].legend(handles, ["prefix: computed once, reused", "this ticket's: appended", "cropped away"],
-                       fontsize=7, loc="lower right")
+    axes[0][-1].legend(
+        handles,
+        ["prefix: computed once, reused", "this ticket's: appended", "cropped away"],
+        fontsize=7,
+        loc="lower right",
+    )
     if title is None:
         prefix = list(snapshots[0][2]).count("reused")
-        title = (f"The cache holds the {prefix}-token prefix's keys once; each ticket appends its own and a crop "
-                 "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)")
+        title = (
+            f"The cache holds the {prefix}-token prefix's keys once; each ticket appends its own and a crop "
+            "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)"
+        )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, caption_text, path)
 
@@ -176,8 +209,16 @@ def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_ba
     return fig, finish(fig, caption_text, path)
 
 
-def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: str, row: int | None = None,
-                         path="batch_attention.png", title: str | None = None):
+def plot_batch_attention(
+    mask,
+    seen,
+    tail: int,
+    past_length: int,
+    caption_text: str,
+    row: int | None = None,
+    path="batch_attention.png",
+    title: str | None = None,
+):
     """A left-padded batch on top of a cached prefix. Left: every row's keys coloured by what they are (prefix,
     padding, ticket, label tokens). Right: for one row, which keys each of its queries sees (``seen`` from
     ``helpers.scoring.visible_keys``), coloured by the key's kind; white is masked."""
@@ -189,7 +230,7 @@ def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: 
     kinds = np.zeros((batch, past_length + width), dtype=int)  # 0 prefix
     kinds[:, past_length:] = np.where(mask.numpy() == 1, 2, 1)  # 2 ticket, 1 padding
     if tail:
-        kinds[:, past_length + width - tail:] = 3
+        kinds[:, past_length + width - tail :] = 3
     cmap = ListedColormap([SEGMENT_COLOURS[n] for n in names] + ["white"])
     if row is None:
         row = int((mask == 0).sum(-1).argmax())  # the most padded row shows the most
@@ -202,27 +243,51 @@ def plot_batch_attention(mask, seen, tail: int, past_length: int, caption_text: 
     # The right panel starts a few keys before the prefix ends: the rest of the prefix looks the same.
     start = max(0, past_length - 12)
     picture = np.where(seen[row].numpy(), kinds[row][None, :], len(names))[:, start:]
-    right.imshow(picture, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest",
-                 extent=(start - 0.5, past_length + width - 0.5, width - 0.5, -0.5))
+    right.imshow(
+        picture,
+        aspect="auto",
+        cmap=cmap,
+        vmin=0,
+        vmax=len(names),
+        interpolation="nearest",
+        extent=(start - 0.5, past_length + width - 0.5, width - 0.5, -0.5),
+    )
     right.set_xlabel(f"keys from position {start} (white: masked)")
     right.set_ylabel(f"queries of row {row} (its padded suffix)")
     right.set_title(f"what row {row}'s tokens may attend to", fontsize=9)
     if tail:
         for ax, y in ((left, batch - 0.5), (right, width - 0.5)):
-            ax.annotate(f"{tail} label token(s)", (past_length + width - tail, y), xytext=(-20, 25),
-                        textcoords="offset points", ha="right", fontsize=8, color="C2", arrowprops={"arrowstyle": "->", "color": "C2"})
+            ax.annotate(
+                f"{tail} label token(s)",
+                (past_length + width - tail, y),
+                xytext=(-20, 25),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color="C2",
+                arrowprops={"arrowstyle": "->", "color": "C2"},
+            )
     handles = [plt.Rectangle((0, 0), 1, 1, color=SEGMENT_COLOURS[n]) for n in names]
     right.legend(handles, names, loc="upper right", fontsize=8)
     pads = int((mask[row] == 0).sum())
     if title is None:
-        title = (f"A left-padded batch of {batch} on a {past_length}-token cached prefix: row {row}'s {pads} padding "
-                 f"tokens are seen by no query; the prefix by every one")
+        title = (
+            f"A left-padded batch of {batch} on a {past_length}-token cached prefix: row {row}'s {pads} padding "
+            f"tokens are seen by no query; the prefix by every one"
+        )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, caption_text, path)
 
 
-def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png",
-                      names=None, title: str | None = None):
+def plot_prompt_split(
+    prefix_tokens: int,
+    ticket_tokens,
+    label_tokens: int,
+    info,
+    path="prompt_split.png",
+    names=None,
+    title: str | None = None,
+):
     """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
     scored after it in the same forward (notebook 02)."""
     import numpy as np
@@ -231,8 +296,9 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
     if not ticket_tokens:
         raise ValueError("plot_prompt_split needs at least one ticket's token count")
     if prefix_tokens < 1 or min(ticket_tokens) < 1 or label_tokens < 0:
-        raise ValueError(f"token counts must be positive (prefix {prefix_tokens}, tickets {ticket_tokens}, "
-                         f"labels {label_tokens})")
+        raise ValueError(
+            f"token counts must be positive (prefix {prefix_tokens}, tickets {ticket_tokens}, labels {label_tokens})"
+        )
     names = list(names) if names is not None else [f"ticket {i + 1}" for i in range(len(ticket_tokens))]
     share = prefix_tokens * len(ticket_tokens) / (prefix_tokens * len(ticket_tokens) + sum(ticket_tokens))
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(ticket_tokens) + 1.8))
@@ -240,8 +306,13 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
     ax.barh(rows, prefix_tokens, color="C0", alpha=0.55, label="cached prefix (computed once)")
     ax.barh(rows, ticket_tokens, left=prefix_tokens, color="C1", label="ticket's own tokens")
     if label_tokens:
-        ax.barh(rows, label_tokens, left=[prefix_tokens + n for n in ticket_tokens], color="C2",
-                label="label tokens (same forward)")
+        ax.barh(
+            rows,
+            label_tokens,
+            left=[prefix_tokens + n for n in ticket_tokens],
+            color="C2",
+            label="label tokens (same forward)",
+        )
     for row, n in zip(rows, ticket_tokens):
         ax.text(prefix_tokens / 2, row, str(prefix_tokens), ha="center", va="center", fontsize=7)
         extra = f" + {label_tokens}" if label_tokens else ""
@@ -250,10 +321,12 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
     ax.invert_yaxis()
     ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
     ax.set_xlabel("tokens in the forward pass")
-    labels = (f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens
-              else "")
-    set_title(ax, title or f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} "
-                          f"prompts' tokens{labels}")
+    labels = f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens else ""
+    set_title(
+        ax,
+        title
+        or f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens{labels}",
+    )
     ax.grid(alpha=0.3, axis="x")
     # Below the axes: inside, it would cover the longest bar.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)

@@ -65,7 +65,7 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     link = os.path.relpath(source, path.parent)
     text = (
         f"> **Reference run, not your results.** Executed on {machine}, {datetime.date.today().isoformat()}, in "
-        f"{seconds:.0f} s, with `make reference` (the embedded model, `SCALE=\"default\"`). Every number and figure "
+        f'{seconds:.0f} s, with `make reference` (the embedded model, `SCALE="default"`). Every number and figure '
         f"below is that machine's; run [the source notebook]({link}) to get yours."
     )
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(text))
@@ -108,7 +108,7 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         f"running. **Machine:** {machine} (each notebook's first cell names the machine it ran on). Regenerate with "
         f"`make reference`, or one notebook with `python -m helpers.executed reference-run --only 01`; the tests fail "
         f"when a copy's code no longer matches its source notebook.\n\nEvery number here is that machine's. Each "
-        f"notebook ran at its default scale (`SCALE=\"default\"`, the sizes in its parameters cell) on the embedded "
+        f'notebook ran at its default scale (`SCALE="default"`, the sizes in its parameters cell) on the embedded '
         f"model, as it does on every machine: yours shows the same sizes at your machine's speed.\n\n"
         f"| notebook | wall time | executed |\n|---|---|---|\n{table}\n"
     )

@@ -15,9 +15,7 @@ from .data import encode_prompt
 
 def parse_label(text: str, labels: Sequence[str]) -> str | None:
     """The label a generated answer names: exactly one label as a whole word, else None. Notebook 01, section 1."""
-    found = {
-        label for label in labels if re.search(rf"\b{re.escape(label.lower())}\b", text.lower())
-    }
+    found = {label for label in labels if re.search(rf"\b{re.escape(label.lower())}\b", text.lower())}
     return found.pop() if len(found) == 1 else None
 
 
@@ -32,7 +30,7 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> s
         do_sample=False,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 @torch.inference_mode()
@@ -41,14 +39,26 @@ def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> 
     token per decode step over the cache), the token it chose and that token's probability. The same greedy
     generation, with its scores kept (notebook 01 draws it). Notebook 01, section 2 (the drawing)."""
     ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id, output_logits=True,
-                         return_dict_in_generate=True)
-    chosen = out.sequences[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    chosen = out.sequences[0, ids.shape[1] :].tolist()
     rows = []
     # The raw logits, not the processed scores: a model's generation config may penalise repeats even when greedy.
     for step, (token, scores) in enumerate(zip(chosen, out.logits)):
-        rows.append({"pass": step + 1, "input_tokens": ids.shape[1] if step == 0 else 1, "token_id": token,
-                     "token": tokenizer.decode([token]),
-                     "probability": torch.softmax(scores[0].float(), dim=-1)[token].item()})
+        rows.append(
+            {
+                "pass": step + 1,
+                "input_tokens": ids.shape[1] if step == 0 else 1,
+                "token_id": token,
+                "token": tokenizer.decode([token]),
+                "probability": torch.softmax(scores[0].float(), dim=-1)[token].item(),
+            }
+        )
     return pd.DataFrame(rows)

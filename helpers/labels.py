@@ -8,12 +8,31 @@ from collections.abc import Sequence
 
 from .scoring import extending_pairs
 
-
 # Plausible support-ticket label words, for examples that must hold with any tokenizer.
 CANDIDATE_LABELS = (
-    "billing", "payment", "bill", "bills", "refund", "refunds", "invoice", "invoices", "account", "accounts",
-    "access", "login", "password", "technical", "technician", "shipping", "shipment", "delivery", "order",
-    "orders", "support", "security", "subscription",
+    "billing",
+    "payment",
+    "bill",
+    "bills",
+    "refund",
+    "refunds",
+    "invoice",
+    "invoices",
+    "account",
+    "accounts",
+    "access",
+    "login",
+    "password",
+    "technical",
+    "technician",
+    "shipping",
+    "shipment",
+    "delivery",
+    "order",
+    "orders",
+    "support",
+    "security",
+    "subscription",
 )
 
 
@@ -28,7 +47,8 @@ def _label_ids(tokenizer, words: Sequence[str]) -> list[list[int]]:
 
 
 def token_pieces(tokenizer, words: Sequence[str]) -> dict[str, list[str]]:
-    """Each word's tokens as the tokenizer writes them, e.g. ``{"billing": ["b", "illing"]}`` for one tokenizer. Notebook 01, section 3."""
+    """Each word's tokens as the tokenizer writes them, e.g. ``{"billing": ["b", "illing"]}`` for one tokenizer.
+    Notebook 01, section 3."""
     return {word: tokenizer.convert_ids_to_tokens(ids) for word, ids in zip(words, _label_ids(tokenizer, words))}
 
 
@@ -45,7 +65,8 @@ def first_token_clash(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS) -
 
 
 def single_token_labels(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS, count: int = 3) -> list[str] | None:
-    """The first ``count`` distinct candidates that are one token each with this tokenizer; None if fewer are. Notebook 01, section 3."""
+    """The first ``count`` distinct candidates that are one token each with this tokenizer; None if fewer are.
+    Notebook 01, section 3."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     candidates = list(dict.fromkeys(candidates))
@@ -57,10 +78,14 @@ def single_token_labels(tokenizer, candidates: Sequence[str] = CANDIDATE_LABELS,
 EXTENSIONS = (" change", " report", " request", " issue")
 
 
-def extending_pair(tokenizer, bases: Sequence[str] = ("account", "bug", "refund", "billing", "login", "order"),
-                   extensions: Sequence[str] = EXTENSIONS) -> tuple[str, str] | None:
+def extending_pair(
+    tokenizer,
+    bases: Sequence[str] = ("account", "bug", "refund", "billing", "login", "order"),
+    extensions: Sequence[str] = EXTENSIONS,
+) -> tuple[str, str] | None:
     """Two labels, the second the first plus a word, whose tokens start with all of the first's tokens with this
-    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None. Notebook 01, Going deeper."""
+    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None. Notebook
+    01, Going deeper."""
     for base in bases:
         for extension in extensions:
             longer = base + extension

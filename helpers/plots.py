@@ -14,7 +14,9 @@ from .outputs import output_dir
 def caption(info) -> str:
     """The line every figure carries: which model, dtype and device produced it, on which machine."""
     note = " (random weights: timing only)" if getattr(info, "timing_only", False) else ""
-    return f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)} · {machine_name(info.device)}"
+    return (
+        f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)} · {machine_name(info.device)}"
+    )
 
 
 def bench_caption(frame) -> str:
@@ -23,8 +25,10 @@ def bench_caption(frame) -> str:
     note = " (random weights: timing only)" if first["timing_only"] else ""
     dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
     machine = f" · {first['machine']}" if "machine" in frame else ""
-    return (f"{first['model']}{note} · {dtypes} · {first['device']}, {threads_text(first['threads'])}{machine} · "
-            f"n={first['n']}, {first['shots']} shots")
+    return (
+        f"{first['model']}{note} · {dtypes} · {first['device']}, {threads_text(first['threads'])}{machine} · "
+        f"n={first['n']}, {first['shots']} shots"
+    )
 
 
 def set_title(ax, text: str, width: float | None = None) -> None:
@@ -53,12 +57,15 @@ def _coverage_title(curve, n: int | None = None) -> str:
     everything = curve.sort_values("coverage").iloc[-1]
     half = curve.iloc[(curve["coverage"] - 0.5).abs().argsort()].iloc[0]
     every = f"all {n} tickets" if n else "every ticket"
-    return (f"Accuracy {everything['accuracy']:.0%} on {every}, {half['accuracy']:.0%} on the "
-            f"{half['coverage']:.0%} most confident")
+    return (
+        f"Accuracy {everything['accuracy']:.0%} on {every}, {half['accuracy']:.0%} on the "
+        f"{half['coverage']:.0%} most confident"
+    )
 
 
-def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: str | None = None,
-                           n: int | None = None):
+def plot_accuracy_coverage(
+    curve, info, path="accuracy_vs_coverage.png", title: str | None = None, n: int | None = None
+):
     """Against a rising confidence threshold: the share of tickets kept (coverage) and the accuracy on them, each
     point labelled with the tickets it keeps.
 
@@ -70,17 +77,35 @@ def plot_accuracy_coverage(curve, info, path="accuracy_vs_coverage.png", title: 
     fig, ax = plt.subplots(figsize=(7, 4.3))
     x = curve["threshold"] * 100
     ax.plot(x, curve["coverage"] * 100, marker=".", color="0.45", label="coverage: tickets kept (%)")
-    ax.plot(x, curve["accuracy"] * 100, marker="o", color="C0",
-            label="accuracy on the tickets kept (%)" + ("; numbers: tickets kept" if n else ""))
+    ax.plot(
+        x,
+        curve["accuracy"] * 100,
+        marker="o",
+        color="C0",
+        label="accuracy on the tickets kept (%)" + ("; numbers: tickets kept" if n else ""),
+    )
     if n:
         kept = curve.dropna(subset=["accuracy"])
         counts = (kept["coverage"] * n).round().astype(int)
         bounds = [wilson_interval(round(acc * k), k) for acc, k in zip(kept["accuracy"], counts)]
-        ax.fill_between(kept["threshold"] * 100, [100 * lo for lo, _ in bounds], [100 * hi for _, hi in bounds],
-                        color="C0", alpha=0.15, label="95 % Wilson interval of the accuracy")
+        ax.fill_between(
+            kept["threshold"] * 100,
+            [100 * lo for lo, _ in bounds],
+            [100 * hi for _, hi in bounds],
+            color="C0",
+            alpha=0.15,
+            label="95 % Wilson interval of the accuracy",
+        )
         for threshold, accuracy, count in zip(kept["threshold"], kept["accuracy"], counts):
-            ax.annotate(str(count), (threshold * 100, accuracy * 100), xytext=(0, 6), textcoords="offset points",
-                        ha="center", fontsize=7, color="C0")
+            ax.annotate(
+                str(count),
+                (threshold * 100, accuracy * 100),
+                xytext=(0, 6),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color="C0",
+            )
     ax.set_xlabel("confidence threshold (%): tickets below it go to a person")
     ax.set_ylabel("%")
     set_title(ax, title or _coverage_title(curve, n))
@@ -107,9 +132,14 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.plot(share * 100, ideal, "o", color="0.6", mfc="white")
     ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
     for row, fraction in zip(frame.itertuples(), reached):
-        ax.annotate(f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal",
-                    (row.prefix_share * 100, row.speedup), textcoords="offset points", xytext=(5, 4), fontsize=7,
-                    va="bottom")
+        ax.annotate(
+            f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal",
+            (row.prefix_share * 100, row.speedup),
+            textcoords="offset points",
+            xytext=(5, 4),
+            fontsize=7,
+            va="bottom",
+        )
     ax.axhline(1, color="0.6", lw=1, ls=":")
     ax.set_xlabel("static prefix's share of the prompt tokens (%)")
     ax.set_xlim(0, 100)  # room for the last point's label
@@ -117,8 +147,12 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_ylim(0, max(ideal.max(), frame["speedup"].max()) * 1.15)
     low, high = reached.min(), reached.max()
     span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
-    set_title(ax, title or f"The cache reached {span} of the ideal speedup: {frame['speedup'].iloc[0]:.2f}x at "
-                          f"{share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at {share[-1]:.0%}")
+    set_title(
+        ax,
+        title
+        or f"The cache reached {span} of the ideal speedup: {frame['speedup'].iloc[0]:.2f}x at "
+        f"{share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at {share[-1]:.0%}",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info), path)
@@ -155,11 +189,21 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
             continue
         style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
         error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
-        rate_ax.errorbar(points["batch_size"], points["items_per_s"], yerr=error, marker="o", ms=4, capsize=3,
-                         color=color, ls=style, label=f"{STRATEGY_LABELS.get(name, name)}, {dtype}")
+        rate_ax.errorbar(
+            points["batch_size"],
+            points["items_per_s"],
+            yerr=error,
+            marker="o",
+            ms=4,
+            capsize=3,
+            color=color,
+            ls=style,
+            label=f"{STRATEGY_LABELS.get(name, name)}, {dtype}",
+        )
         pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], marker="o", ms=4, color=color, ls=style)
-        pad_ax.plot(points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color,
-                    ls="none")
+        pad_ax.plot(
+            points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color, ls="none"
+        )
     sizes = sorted(frame["batch_size"].dropna().unique())
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
@@ -169,8 +213,13 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     pad_ax.set_ylabel("padding (%)\nfilled: timed, hollow: plan")
     best = frame.sort_values("items_per_s").iloc[-1]
     name = STRATEGY_LABELS.get(best.strategy, best.strategy)
-    set_title(rate_ax, title or f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
-              f"{best.speedup_vs_loop:.2f}x the loop", width=6.3)
+    set_title(
+        rate_ax,
+        title
+        or f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
+        f"{best.speedup_vs_loop:.2f}x the loop",
+        width=6.3,
+    )
     for ax in (rate_ax, pad_ax):
         ax.grid(alpha=0.3)
     rate_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
@@ -187,10 +236,17 @@ def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strate
     ax.set_ylabel("padding (% of processed tokens)")
     share = padding.set_index("strategy")["padding_fraction"]
     setting = padding.attrs
-    where = (f", {setting['prompts']} prompts, batches of {setting['batch_size']}"
-             if {"prompts", "batch_size"} <= setting.keys() else "")
-    set_title(ax, title or f"Padding{where}: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
-                          f"arbitrary order {share.get('arbitrary', float('nan')):.1%}")
+    where = (
+        f", {setting['prompts']} prompts, batches of {setting['batch_size']}"
+        if {"prompts", "batch_size"} <= setting.keys()
+        else ""
+    )
+    set_title(
+        ax,
+        title
+        or f"Padding{where}: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
+        f"arbitrary order {share.get('arbitrary', float('nan')):.1%}",
+    )
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption_text, path)
 
@@ -201,24 +257,29 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
     spread = None
     if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
         # Clipped at 0: a step with one repeat has min = median = max, up to rounding.
-        spread = [(ladder["speedup"] - ladder["speedup_min"]).clip(lower=0),
-                  (ladder["speedup_max"] - ladder["speedup"]).clip(lower=0)]
+        spread = [
+            (ladder["speedup"] - ladder["speedup_min"]).clip(lower=0),
+            (ladder["speedup_max"] - ladder["speedup"]).clip(lower=0),
+        ]
     bars = ax.barh(ladder["step"], ladder["speedup"], color="C0", xerr=spread, ecolor="0.3", capsize=3)
     ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ladder["speedup"]], fontsize=8, padding=8)
     ax.axvline(1, color="0.5", lw=1, ls="--")
     top_x = ladder["speedup_max"].max() if spread is not None else ladder["speedup"].max()
     ax.set_xlim(0, max(1.0, top_x) * 1.2)  # room for the labels
     ax.invert_yaxis()
-    ax.set_xlabel("speedup over the float32 constrained loop (x" +
-                  ("; bars: slowest to fastest repeat)" if spread is not None else ")"))
+    ax.set_xlabel(
+        "speedup over the float32 constrained loop (x"
+        + ("; bars: slowest to fastest repeat)" if spread is not None else ")")
+    )
     ranked = ladder.sort_values("speedup", ascending=False)
     top = ranked.iloc[0]
     verdict = f"best step '{top.step}' at {top.speedup:.2f}x the loop"
     # A winner only beyond the spread, as in plot_throughput_vs_batch: no other step's fastest repeat reaches it.
     close = ranked.iloc[1:][ranked.iloc[1:]["speedup_max"] >= top["speedup_min"]] if spread is not None else []
     if len(close):
-        verdict = (f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of "
-                   + ", ".join(f"'{step}'" for step in close["step"]))
+        verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of " + ", ".join(
+            f"'{step}'" for step in close["step"]
+        )
     set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption_text, path)
@@ -227,7 +288,12 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
 def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None):
     """Share of the measured matmul throughput spent on useful work (``helpers.bench`` defines it: the loop's
     work beyond the cached prefix, attention over the prefix included), best batch size per strategy and dtype."""
-    best = frame.dropna(subset=["roof_fraction"]).sort_values("roof_fraction").groupby(["strategy", "dtype"], sort=False).tail(1)
+    best = (
+        frame.dropna(subset=["roof_fraction"])
+        .sort_values("roof_fraction")
+        .groupby(["strategy", "dtype"], sort=False)
+        .tail(1)
+    )
     labels = [f"{STRATEGY_LABELS.get(s, s)}\n{d}" for s, d in zip(best["strategy"], best["dtype"])]
     fig, ax = plt.subplots(figsize=(8, 4))
     bars = ax.bar(labels, best["roof_fraction"] * 100, color=["C0" if d == "float32" else "C1" for d in best["dtype"]])
@@ -235,14 +301,24 @@ def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None
     if "kernel_ceiling" in best and best["kernel_ceiling"].notna().any():
         # What the row would reach if its forward passes were nothing but their matmul and attention kernels.
         left = [i - 0.4 for i in range(len(best))]
-        ax.hlines(best["kernel_ceiling"] * 100, left, [x + 0.8 for x in left], color="0.15", lw=2,
-                  label="kernel ceiling: its matmul and attention kernels alone")
+        ax.hlines(
+            best["kernel_ceiling"] * 100,
+            left,
+            [x + 0.8 for x in left],
+            color="0.15",
+            lw=2,
+            label="kernel ceiling: its matmul and attention kernels alone",
+        )
         ax.legend(fontsize=8, loc="upper left")
         ax.set_ylim(0, max(100 * best[["roof_fraction", "kernel_ceiling"]].max().max() * 1.25, 1))
     ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
     top = best.sort_values("roof_fraction").iloc[-1]
-    set_title(ax, title or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
-                          f"({STRATEGY_LABELS.get(top['strategy'], top['strategy'])}, {top['dtype']})")
+    set_title(
+        ax,
+        title
+        or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
+        f"({STRATEGY_LABELS.get(top['strategy'], top['strategy'])}, {top['dtype']})",
+    )
     ax.tick_params(axis="x", labelsize=7)
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, bench_caption(frame), path)
@@ -257,44 +333,75 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     ax.plot(tokens, rates, marker="o", color="C0", label="one sequence of n tokens per call (attention grows with n)")
     width = profile.batch_row_tokens
     counts, batched = zip(*sorted(profile.batched))
-    ax.plot([count * width for count in counts], batched, marker="D", color="C2",
-            label=f"rows of {width} tokens per call, 1 to {counts[-1]} rows")
+    ax.plot(
+        [count * width for count in counts],
+        batched,
+        marker="D",
+        color="C2",
+        label=f"rows of {width} tokens per call, 1 to {counts[-1]} rows",
+    )
     for count, rate in zip(counts, batched):
         if count in (1, rows, counts[-1]):
-            ax.annotate(f"{count} row{'s' if count > 1 else ''}", (count * width, rate), fontsize=7, color="C2",
-                        xytext=(0, 6), textcoords="offset points", ha="center")
+            ax.annotate(
+                f"{count} row{'s' if count > 1 else ''}",
+                (count * width, rate),
+                fontsize=7,
+                color="C2",
+                xytext=(0, 6),
+                textcoords="offset points",
+                ha="center",
+            )
     decode = sorted(profile.decode.items())
-    ax.plot([b for b, _ in decode], [r for _, r in decode], marker="s", ls="--", color="C3",
-            label=f"decode step: n rows x 1 new token ({profile.decode_context} cached)")
+    ax.plot(
+        [b for b, _ in decode],
+        [r for _, r in decode],
+        marker="s",
+        ls="--",
+        color="C3",
+        label=f"decode step: n rows x 1 new token ({profile.decode_context} cached)",
+    )
     alone = profile.tokens_per_s(median)
     ax.axvline(median, color="C1", lw=1, ls=":", label=f"one median ticket: {median} tokens, {alone:.0f}/s alone")
     together = profile.batched_tokens_per_s(rows)  # rows of about a median ticket each
     beyond = rows > counts[-1]
-    ax.axvline(rows * median, color="C4", lw=1, ls=":" if not beyond else "--",
-               label=f"{rows} median tickets in one call: {rows * median} tokens, "
-                     + (f"{together:.0f}/s batched" if not beyond else "beyond the batched curve"))
+    ax.axvline(
+        rows * median,
+        color="C4",
+        lw=1,
+        ls=":" if not beyond else "--",
+        label=f"{rows} median tickets in one call: {rows * median} tokens, "
+        + (f"{together:.0f}/s batched" if not beyond else "beyond the batched curve"),
+    )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per forward call (rows x tokens)")
     ax.set_ylabel("throughput (tokens / s)")
     gain = profile.batching_gain(rows)
-    set_title(ax, title or (f"Prefill: one median ticket runs at {alone / profile.peak_tokens_per_s:.0%} of the single-"
-                            f"sequence peak; {rows} median rows in one call run {gain:.2f}x the tokens/s of one row, "
-                            f"90 % of their peak from {profile.batch_knee} rows"))
+    set_title(
+        ax,
+        title
+        or (
+            f"Prefill: one median ticket runs at {alone / profile.peak_tokens_per_s:.0%} of the single-"
+            f"sequence peak; {rows} median rows in one call run {gain:.2f}x the tokens/s of one row, "
+            f"90 % of their peak from {profile.batch_knee} rows"
+        ),
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 
-def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title: str | None = None,
-                            baseline: str | None = None):
+def plot_accuracy_intervals(
+    variants, info, path="accuracy_intervals.png", title: str | None = None, baseline: str | None = None
+):
     """Accuracy per prompt variant with its 95 % Wilson interval as error bars (notebook 01, section 6).
 
     ``variants`` has one row per variant: ``variant`` (its name), ``accuracy``, ``accuracy_low``,
     ``accuracy_high`` and ``n`` (tickets scored). ``baseline`` names the variant the best one is compared with;
     its interval is shaded across the plot.
     """
-    missing = [column for column in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n")
-               if column not in variants]
+    missing = [
+        column for column in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n") if column not in variants
+    ]
     if missing:
         raise ValueError(f"the variants table lacks column(s) {', '.join(missing)}")
     rows = variants.reset_index(drop=True)
@@ -303,23 +410,36 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", title
     errors = [100 * (rows["accuracy"] - rows["accuracy_low"]), 100 * (rows["accuracy_high"] - rows["accuracy"])]
     ax.errorbar(100 * rows["accuracy"], y, xerr=errors, fmt="o", capsize=4, color="C0")
     for i, row in rows.iterrows():
-        ax.annotate(f"{row['accuracy']:.0%}", (100 * row["accuracy"], i), textcoords="offset points",
-                    xytext=(0, 7), ha="center", fontsize=8)
+        ax.annotate(
+            f"{row['accuracy']:.0%}",
+            (100 * row["accuracy"], i),
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="center",
+            fontsize=8,
+        )
     ax.set_yticks(list(y), rows["variant"])
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%), with its 95 % Wilson interval")
     best = rows.sort_values("accuracy", ascending=False).iloc[0]
     n = int(rows["n"].max())
-    text = (f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} "
-            f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]")
+    text = (
+        f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} "
+        f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]"
+    )
     if baseline is not None:
         base = rows[rows["variant"] == baseline]
         if base.empty:
             raise ValueError(f"baseline variant {baseline!r} is not in the table")
         base = base.iloc[0]
-        ax.axvspan(100 * base["accuracy_low"], 100 * base["accuracy_high"], color="0.85", zorder=0,
-                   label=f"{baseline}: 95 % interval")
+        ax.axvspan(
+            100 * base["accuracy_low"],
+            100 * base["accuracy_high"],
+            color="0.85",
+            zorder=0,
+            label=f"{baseline}: 95 % interval",
+        )
         ax.legend(fontsize=8, loc="lower right")
         if best["variant"] == baseline:
             text += f"; no variant beat {baseline}"
@@ -346,7 +466,9 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
         raise ValueError(f"plot_prompt_lengths needs token counts (numbers), got {lengths.dtype} values")
     if (lengths < 1).any():
         first = int(np.argmax(lengths < 1))
-        raise ValueError(f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least one token")
+        raise ValueError(
+            f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least one token"
+        )
     median, longest = int(np.median(lengths)), int(lengths.max())
     factor = global_padding_factor(lengths.tolist())
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -359,13 +481,25 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
     ax.yaxis.set_minor_formatter(NullFormatter())
     for value, name, color, style, side in ((median, "median", "C1", "--", 1), (longest, "max", "C3", ":", -1)):
         ax.axvline(value, color=color, ls=style, lw=1.5)
-        ax.annotate(f"{name} {value}", (value, 1), xycoords=("data", "axes fraction"), xytext=(4 * side, -14),
-                    textcoords="offset points", ha="left" if side > 0 else "right", fontsize=9, color=color,
-                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+        ax.annotate(
+            f"{name} {value}",
+            (value, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(4 * side, -14),
+            textcoords="offset points",
+            ha="left" if side > 0 else "right",
+            fontsize=9,
+            color=color,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
+        )
     ax.set_xlim(0, longest * 1.03)
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("prompts (log scale)")
-    set_title(ax, title or f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding "
-                           f"all to the longest would process {factor:.1f}x the real tokens")
+    set_title(
+        ax,
+        title
+        or f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding "
+        f"all to the longest would process {factor:.1f}x the real tokens",
+    )
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption(info), path)

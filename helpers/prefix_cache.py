@@ -23,11 +23,13 @@ from .data import build_prompt, encode_prompt
 
 
 class PromptSplitError(ValueError):
-    """A prompt that does not start with the cached prefix, or whose split is not token-clean. Notebook 02, section 2."""
+    """A prompt that does not start with the cached prefix, or whose split is not token-clean. Notebook 02, section
+    2."""
 
 
 class UncleanSplitError(PromptSplitError):
-    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt. Notebook 02, section 2."""
+    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt. Notebook 02,
+    section 2."""
 
 
 def common_prefix(texts: Sequence[str]) -> str:
@@ -60,7 +62,8 @@ def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
 
 
 class PrefixCache:
-    """The prefix's keys and values, computed once, reused for every ticket (batched or not). Notebook 02, sections 3-4."""
+    """The prefix's keys and values, computed once, reused for every ticket (batched or not). Notebook 02, sections
+    3-4."""
 
     def __init__(self, model, tokenizer, prefix_text: str):
         if not prefix_text:
@@ -97,7 +100,7 @@ class PrefixCache:
             )
         if len(whole) == self.length:
             raise PromptSplitError(f"{where} has no tokens after the prefix")
-        return whole[self.length:]
+        return whole[self.length :]
 
     def cache_for_batch(self, batch_size: int) -> DynamicCache:
         """A fresh cache holding the prefix for ``batch_size`` rows, ready for their suffixes.

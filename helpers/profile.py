@@ -67,8 +67,13 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 
 @torch.inference_mode()
-def matmul_gflops(device: torch.device | str, dtype: torch.dtype, shape: tuple[int, int, int],
-                  min_run_time: float = 1.0, slow: float | None = None) -> float | None:
+def matmul_gflops(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    shape: tuple[int, int, int],
+    min_run_time: float = 1.0,
+    slow: float | None = None,
+) -> float | None:
     """GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``, a roof: the fastest block of
     ``torch.utils.benchmark.Timer.blocked_autorange`` after a warm-up. None where the dtype is unsupported.
     ``slow``: a rate below which the first call answers (bfloat16 without bf16 instructions takes seconds a call)."""
@@ -145,16 +150,20 @@ def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     generator = torch.Generator().manual_seed(0)
     # What the cache holds does not change the time: random keys and values of the right shape.
-    layers = [tuple(torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, model.dtype)
-                    for _ in range(2)) for _ in range(config.num_hidden_layers)]
+    layers = [
+        tuple(
+            torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, model.dtype)
+            for _ in range(2)
+        )
+        for _ in range(config.num_hidden_layers)
+    ]
     cache = DynamicCache(ddp_cache_data=layers, config=config)
     ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
     mask = torch.ones((batch, context + 1), dtype=torch.long, device=device)
     positions = torch.full((batch, 1), context, device=device)
 
     def step():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         cache.crop(-1)  # back to the context, for the next timed step
 
     return batch / _time_call(step, device)
@@ -220,34 +229,45 @@ class MachineProfile:
     def fast_dtypes(self) -> list[str]:
         """float32 and each half dtype whose matmul runs at least half as fast here and gives finite logits."""
         base = self.matmul_gflops["float32"]
-        return [name for name, gflops in self.matmul_gflops.items() if name == "float32"
-                or (gflops >= SLOW_DTYPE_RATIO * base and self.finite.get(name, True))]
+        return [
+            name
+            for name, gflops in self.matmul_gflops.items()
+            if name == "float32" or (gflops >= SLOW_DTYPE_RATIO * base and self.finite.get(name, True))
+        ]
 
     def slow_dtypes(self) -> dict[str, str]:
         """dtype -> one line saying why it is not worth running here."""
         base = self.matmul_gflops["float32"]
-        return {name: f"{name}: its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 "
-                      "(below half): not worth running" if gflops < SLOW_DTYPE_RATIO * base else
-                      f"{name}: a forward in it gives non-finite logits with this model (half-precision overflow)"
-                for name, gflops in self.matmul_gflops.items() if name not in self.fast_dtypes()}
+        return {
+            name: f"{name}: its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 "
+            "(below half): not worth running"
+            if gflops < SLOW_DTYPE_RATIO * base
+            else f"{name}: a forward in it gives non-finite logits with this model (half-precision overflow)"
+            for name, gflops in self.matmul_gflops.items()
+            if name not in self.fast_dtypes()
+        }
 
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
-        return (f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops['float32']:.0f} "
-                f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens "
-                f"per call · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from "
-                f"{self.batch_knee} rows")
+        return (
+            f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops['float32']:.0f} "
+            f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens "
+            f"per call · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from "
+            f"{self.batch_knee} rows"
+        )
 
     def summary(self) -> str:
-        return "\n".join([
-            f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
-            f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
-            "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
-            "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
-            f"batched rows of {self.batch_row_tokens} tokens: "
-            + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
-            "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items())),
-        ])
+        return "\n".join(
+            [
+                f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
+                f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
+                "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
+                "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
+                f"batched rows of {self.batch_row_tokens} tokens: "
+                + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
+                "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items())),
+            ]
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> MachineProfile:
@@ -259,8 +279,15 @@ class MachineProfile:
 
 
 def profile_path(info: ModelInfo, device: torch.device) -> Path:
-    parts = [PROFILE_VERSION, machine_name(device), torch.__version__, info.name, info.dtype, str(device),
-             torch.get_num_threads()]
+    parts = [
+        PROFILE_VERSION,
+        machine_name(device),
+        torch.__version__,
+        info.name,
+        info.dtype,
+        str(device),
+        torch.get_num_threads(),
+    ]
     return cache_dir() / "profiles" / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]}.json"
 
 
@@ -287,14 +314,26 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
         gflops = matmul_gflops(device, dtype, shape, slow=slow)
         if gflops is not None:
             matmul[str(dtype).removeprefix("torch.")] = gflops
-    finite = {name: half_precision_finite(model, name) for name, gflops in matmul.items()
-              if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]}
+    finite = {
+        name: half_precision_finite(model, name)
+        for name, gflops in matmul.items()
+        if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]
+    }
     profile = MachineProfile(
-        machine=machine_name(device), torch=torch.__version__, model=info.name, dtype=info.dtype, device=str(device),
-        threads=torch.get_num_threads(), matmul_gflops=matmul, prefill=prefill_curve(model),
+        machine=machine_name(device),
+        torch=torch.__version__,
+        model=info.name,
+        dtype=info.dtype,
+        device=str(device),
+        threads=torch.get_num_threads(),
+        matmul_gflops=matmul,
+        prefill=prefill_curve(model),
         decode={batch: decode_step_tokens_per_s(model, batch) for batch in DECODE_BATCHES},
-        batched=batched_curve(model), finite=finite,
-        measured_s=time.perf_counter() - start, measured_on=time.strftime("%Y-%m-%d %H:%M"))
+        batched=batched_curve(model),
+        finite=finite,
+        measured_s=time.perf_counter() - start,
+        measured_on=time.strftime("%Y-%m-%d %H:%M"),
+    )
     _MEMORY[str(path)] = profile
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")  # renamed over the profile: two processes both land

@@ -107,8 +107,10 @@ class ProgressWriter:
         self.handle = open(self.path, "a", encoding="utf-8")
 
     def append(self, rows: Sequence[int], log_scores, full: bool) -> None:
-        lines = [{"row": int(row), "scores": [float(v) for v in row_scores], "full": full}
-                 for row, row_scores in zip(rows, log_scores)]
+        lines = [
+            {"row": int(row), "scores": [float(v) for v in row_scores], "full": full}
+            for row, row_scores in zip(rows, log_scores)
+        ]
         self.handle.write("".join(json.dumps(line) + "\n" for line in lines))
         self.handle.flush()  # in the operating system's hands: a killed process loses nothing it wrote
 

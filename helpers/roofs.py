@@ -1,5 +1,5 @@
-"""How much of the machine went into useful work (notebook 04, Going deeper): each benchmark row's roof fraction,
-kernel ceiling and peak memory.
+"""How much of the machine went into useful work (notebook 04, Going deeper): each benchmark row's roof fraction and
+kernel ceiling.
 
 **Useful work** is what the one-at-a-time loop must compute for a ticket beyond the cached prefix, counted
 in multiply-adds x 2, per ticket with s own tokens and c label-continuation tokens:
@@ -27,11 +27,8 @@ work ``torch.compile`` fuses.
 from __future__ import annotations
 
 import collections
-import os
 import statistics
-import threading
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 
 import torch
 
@@ -72,23 +69,27 @@ def matmul_roof(model, dtype: torch.dtype) -> float:
 
 
 @torch.inference_mode()
-def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 0, scored: int = 1,
-                   masked: bool = False) -> float:
+def kernel_seconds(
+    model, shapes: Sequence[tuple[int, int]], past_length: int = 0, scored: int = 1, masked: bool = False
+) -> float:
     """Seconds the matmuls and the attention kernel alone would take for forward passes of these (rows, width) shapes.
 
     An estimate of the least time any implementation running these shapes on these kernels needs: per distinct
     shape, one decoder layer's linear layers and its attention call (SDPA over ``past_length`` cached keys plus the
     row's own, padding and all, with the key/value heads the model's attention gives it), each timed alone (the best of
     up to five runs, after a warm-up, so with warm caches) and counted once per layer and pass, plus the output
-    layer at ``scored`` positions per row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings, activations,
+    layer at ``scored`` positions per row. Whatever a pipeline spends beyond this goes to norms, rotary embeddings,
+    activations,
     residual adds, cache copies and Python. ``masked``: a 4D mask even for one unpadded row (tree-shaped label
     continuations). NaN for a model whose layers hold no ``nn.Linear`` (nothing to time); every layer is assumed
     to be shaped like the first.
     """
 
-
     config, device, dtype = model.config, model.device, model.dtype
-    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads, kv_heads = (
+        config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+    )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = getattr(model.get_decoder(), "layers", None)
     weights = [m.weight for m in layers[0].modules() if isinstance(m, torch.nn.Linear)] if layers else []
@@ -101,62 +102,29 @@ def kernel_seconds(model, shapes: Sequence[tuple[int, int]], past_length: int = 
     for (rows, width), count in collections.Counter(shapes).items():
         tokens = rows * width
         inputs = {k: torch.randn(tokens, k, device=device, dtype=dtype) for k in {w.shape[1] for w in weights}}
-        linear = _time_call(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.05, 5)
+        linear = _time_call(
+            lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 0.05, 5
+        )
         query = torch.randn(rows, heads, width, head_dim, device=device, dtype=dtype)
         keys = torch.randn(rows, kv_heads if gqa else heads, past_length + width, head_dim, device=device, dtype=dtype)
         # One unpadded row with nothing cached runs causal without a mask; anything else needs one.
-        mask = None if rows == 1 and past_length == 0 and not masked else torch.ones(
-            rows, 1, width, past_length + width, dtype=torch.bool, device=device).tril(past_length)
-        attend = _time_call(lambda: torch.nn.functional.scaled_dot_product_attention(
-            query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa), device, 0.05, 5)
+        mask = (
+            None
+            if rows == 1 and past_length == 0 and not masked
+            else torch.ones(rows, 1, width, past_length + width, dtype=torch.bool, device=device).tril(past_length)
+        )
+        attend = _time_call(
+            lambda: torch.nn.functional.scaled_dot_product_attention(
+                query, keys, keys, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
+            ),
+            device,
+            0.05,
+            5,
+        )
         hidden = torch.randn(rows * scored, config.hidden_size, device=device, dtype=dtype)
         logits = _time_call(lambda: torch.nn.functional.linear(hidden, output), device, 0.05, 5)
         total += count * (config.num_hidden_layers * (linear + attend) + logits)
     return total
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@contextmanager
-def peak_memory(device: torch.device):
-    """Yields a dict whose ``mb`` is the peak after the block: CUDA's own peak allocation counter; on Apple's MPS
-    the memory its tensors hold, sampled every 10 ms; on a Linux CPU the process's resident memory, sampled; on
-    other CPUs the process's high-water mark (which includes everything before the block)."""
-    result = {"mb": float("nan")}
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        yield result
-        result["mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        return
-    if device.type == "mps":
-        read = torch.mps.current_allocated_memory
-    elif os.path.exists("/proc/self/statm"):
-        read = _resident_bytes
-    else:  # macOS or Windows on the CPU: the process high-water mark is the best we have
-        import resource
-
-        yield result
-        result["mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        return
-    peak = [read()]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], read())
-            done.wait(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield result
-    finally:
-        done.set()
-        sampler.join()
-        result["mb"] = max(peak[0], read()) / 2**20
 
 
 def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
@@ -164,18 +132,23 @@ def _row_kernel_seconds(model, run: LabelScores, scorer: LabelScorer) -> float:
     by_past = collections.defaultdict(list)
     for rows, width, past in run.info["forward_passes"]:
         by_past[past].append((rows, width))
-    return sum(kernel_seconds(model, shapes, past, 1 + len(scorer.tail), masked=scorer.is_tree)
-               for past, shapes in by_past.items())
+    return sum(
+        kernel_seconds(model, shapes, past, 1 + len(scorer.tail), masked=scorer.is_tree)
+        for past, shapes in by_past.items()
+    )
 
 
-def roof_table(model, scorer, rows: Mapping, lengths: Sequence[int], prefix_length: int,
-               profile) -> tuple[dict, tuple[float, float] | None]:
+def roof_table(
+    model, scorer, rows: Mapping, lengths: Sequence[int], prefix_length: int, profile
+) -> tuple[dict, tuple[float, float] | None]:
     """How much of the machine each timed row used (the module docstring): per key of ``rows`` (``helpers.bench.Row``,
     timed on its sample), ``useful_gflops``, ``roof_gflops``, ``roof_fraction`` and ``kernel_ceiling``; and (the
     profile's roof, the raised one) in GFLOP/s where a row's kernels beat the profile's roof, else None.
     ``lengths``: every prompt's tokens, of which ``prefix_length`` are cached. Notebook 04, Going deeper."""
-    useful = {key: useful_flops(model, [lengths[i] - prefix_length for i in row.sample], prefix_length, scorer)
-              for key, row in rows.items()}
+    useful = {
+        key: useful_flops(model, [lengths[i] - prefix_length for i in row.sample], prefix_length, scorer)
+        for key, row in rows.items()
+    }
     kernels = {key: _row_kernel_seconds(model, row.scores, scorer) for key, row in rows.items()}
     dtype = str(model.dtype).removeprefix("torch.")
     measured = profile.matmul_gflops.get(dtype)
@@ -187,6 +160,10 @@ def roof_table(model, scorer, rows: Mapping, lengths: Sequence[int], prefix_leng
     table = {}
     for key, row in rows.items():
         per_s = useful[key] / statistics.median(row.seconds)
-        table[key] = {"useful_gflops": per_s / 1e9, "roof_gflops": roof / 1e9, "roof_fraction": per_s / roof,
-                      "kernel_ceiling": useful[key] / kernels[key] / roof}
+        table[key] = {
+            "useful_gflops": per_s / 1e9,
+            "roof_gflops": roof / 1e9,
+            "roof_fraction": per_s / roof,
+            "kernel_ceiling": useful[key] / kernels[key] / roof,
+        }
     return table, raised

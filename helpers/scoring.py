@@ -89,18 +89,20 @@ def end_of_answer_text(tokenizer) -> str | None:
 
 def answer_ids(tokenizer, label: str, end_text: str) -> list[int]:
     """A label as a whole answer: the tokens of the label followed by the end-of-answer text, tokenized together as
-    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there). Notebook 01, Going deeper."""
+    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there). Notebook 01,
+    Going deeper."""
     return tokenizer(label + end_text, add_special_tokens=False)["input_ids"]
 
 
 def end_of_answer_ids(tokenizer) -> list[int] | None:
-    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None. Notebook 01, Going deeper."""
+    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None.
+    Notebook 01, Going deeper."""
     text = end_of_answer_text(tokenizer)
     if text is None:
         return None
     probe = tokenizer(_SENTINEL, add_special_tokens=False)["input_ids"]
     whole = answer_ids(tokenizer, _SENTINEL, text)
-    return whole[len(probe):] if whole[: len(probe)] == probe else None
+    return whole[len(probe) :] if whole[: len(probe)] == probe else None
 
 
 def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -128,8 +130,14 @@ class LabelScorer:
     Notebook 01, section 2.
     """
 
-    def __init__(self, tokenizer, labels: Sequence[str], method: str = "auto", normalize: bool = False,
-                 complete: bool | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        labels: Sequence[str],
+        method: str = "auto",
+        normalize: bool = False,
+        complete: bool | None = None,
+    ):
         labels = check_labels(labels)
         if method not in METHODS:
             raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
@@ -145,8 +153,9 @@ class LabelScorer:
         seen: dict[tuple[int, ...], str] = {}
         for label, ids in zip(labels, self.label_ids):
             if tuple(ids) in seen:
-                raise ValueError(f"labels {seen[tuple(ids)]!r} and {label!r} are the same tokens: no score can tell "
-                                 "them apart")
+                raise ValueError(
+                    f"labels {seen[tuple(ids)]!r} and {label!r} are the same tokens: no score can tell them apart"
+                )
             seen[tuple(ids)] = label
         self.overlaps = extending_pairs(self.label_ids, labels)
         end_text = end_of_answer_text(tokenizer) if complete is not False else None
@@ -156,28 +165,33 @@ class LabelScorer:
         if complete and not self.end_ids:
             if self.overlaps:
                 short, long = self.overlaps[0]
-                raise ValueError(f"label {long!r} starts with all of {short!r}'s tokens, so only whole answers can tell "
-                                 "them apart, and this tokenizer's chat template marks no end of an answer: rename one")
+                raise ValueError(
+                    f"label {long!r} starts with all of {short!r}'s tokens, so only whole answers can tell "
+                    "them apart, and this tokenizer's chat template marks no end of an answer: rename one"
+                )
             raise ValueError("whole answers need an end-of-answer marker, and this tokenizer's chat template has none")
         if complete and method == "first_token":
-            why = (f"{self.overlaps[0][1]!r} extends {self.overlaps[0][0]!r}, so labels are scored as whole answers, "
-                   if self.overlaps else "")
+            why = (
+                f"{self.overlaps[0][1]!r} extends {self.overlaps[0][0]!r}, so labels are scored as whole answers, "
+                if self.overlaps
+                else ""
+            )
             raise ValueError(f"{why}whole answers are several tokens each: use method='sequence' (or 'auto')")
         self.complete = bool(complete)
         self.end_ids = self.end_ids if self.complete else []
         # What is scored per label: its tokens, and with whole answers the label and the marker tokenized together, as
         # the template renders the answer.
-        self.token_ids: list[list[int]] = [answer_ids(tokenizer, label, end_text) if self.complete else ids
-                                           for label, ids in zip(labels, self.label_ids)]
+        self.token_ids: list[list[int]] = [
+            answer_ids(tokenizer, label, end_text) if self.complete else ids
+            for label, ids in zip(labels, self.label_ids)
+        ]
         self.first_ids = [ids[0] for ids in self.token_ids]
         single = all(len(ids) == 1 for ids in self.token_ids)
         if method == "auto":
             method = "first_token" if single else "sequence"
         if method == "first_token" and len(set(self.first_ids)) < len(labels):
             clash = [lab for lab, first in zip(labels, self.first_ids) if self.first_ids.count(first) > 1]
-            raise ValueError(
-                f"labels {', '.join(map(repr, clash))} share their first token: use method='sequence'"
-            )
+            raise ValueError(f"labels {', '.join(map(repr, clash))} share their first token: use method='sequence'")
         self.method = method
         self.normalize = normalize
         self.lengths = torch.tensor([len(ids) for ids in self.token_ids])
@@ -253,8 +267,8 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         if row:
-            input_ids[i, width - len(row):] = torch.as_tensor(row)
-            attention_mask[i, width - len(row):] = 1
+            input_ids[i, width - len(row) :] = torch.as_tensor(row)
+            attention_mask[i, width - len(row) :] = 1
     return input_ids, attention_mask
 
 
@@ -268,19 +282,20 @@ def batch_inputs(scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int
     if tail:
         width = input_ids.shape[1]
         last = positions[:, width - tail - 1]
-        positions[:, width - tail:] = last[:, None] + 1 + scorer.tail_offsets
+        positions[:, width - tail :] = last[:, None] + 1 + scorer.tail_offsets
     return input_ids, mask, positions
 
 
 def visible_keys(mask: torch.Tensor, scorer: LabelScorer, past_length: int = 0) -> torch.Tensor:
     """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
-    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook 03, section 7."""
+    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook 03,
+    section 7."""
     batch, width = mask.shape
     tail = len(scorer.tail)
     allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
     if tail:
         branch = scorer.tail_label
-        allowed[:, width - tail:, width - tail:] &= branch[:, None] == branch[None, :]
+        allowed[:, width - tail :, width - tail :] &= branch[:, None] == branch[None, :]
     return torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
 
 
@@ -307,11 +322,7 @@ def _check_full_attention(model, span: int) -> None:
 
 @torch.inference_mode()
 def label_log_probs(
-    model,
-    scorer: LabelScorer,
-    rows: Sequence[Sequence[int]],
-    pad_id: int,
-    prefix=None,
+    model, scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, prefix=None
 ) -> torch.Tensor:
     """Label log-probs (n_rows, n_labels) for token rows, in one forward pass.
 
@@ -355,12 +366,7 @@ def label_log_probs(
 
 
 def score_one_by_one(
-    model,
-    tokenizer,
-    scorer: LabelScorer,
-    prompts: Sequence[str],
-    progress: bool = True,
-    desc: str = "one at a time",
+    model, tokenizer, scorer: LabelScorer, prompts: Sequence[str], progress: bool = True, desc: str = "one at a time"
 ) -> LabelScores:
     """The reference: one forward per ticket, no padding, no cache reuse. Notebook 01, section 2."""
     with Stopwatch(model.device) as clock:
@@ -369,8 +375,13 @@ def score_one_by_one(
             for prompt in tqdm(prompts, desc=desc, disable=not progress, leave=False)
         ]
     seconds = clock.seconds
-    info = {"strategy": "loop", "batch_size": 1, "n": len(prompts), "seconds": seconds,
-            "items_per_s": len(prompts) / seconds}
+    info = {
+        "strategy": "loop",
+        "batch_size": 1,
+        "n": len(prompts),
+        "seconds": seconds,
+        "items_per_s": len(prompts) / seconds,
+    }
     return LabelScores(scorer.labels, torch.cat(scores), info)
 
 
@@ -388,7 +399,7 @@ def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> 
     for ids in scorer.token_ids:
         full = torch.tensor([prompt_ids + ids], device=model.device)
         # The token at position p is predicted by the logits at p - 1: keep positions len(prompt) - 1 onwards.
-        logits = model(input_ids=full, logits_to_keep=len(ids) + 1).logits[0, :len(ids)]
+        logits = model(input_ids=full, logits_to_keep=len(ids) + 1).logits[0, : len(ids)]
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         score = sum(logp[k, token].item() for k, token in enumerate(ids))
         scores.append(score / len(ids) if scorer.normalize else score)

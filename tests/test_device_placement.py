@@ -34,8 +34,12 @@ def _is_model_call(node: ast.Call) -> bool:
     func = node.func
     if isinstance(func, ast.Name):
         return func.id in MODEL_NAMES
-    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in MODEL_NAMES \
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id in MODEL_NAMES
         and func.attr in ("generate", "forward", "__call__")
+    )
 
 
 class Placement:
@@ -56,7 +60,9 @@ class Placement:
             if name in BUILDERS:
                 return not any(keyword.arg == "device" for keyword in node.keywords)
             if name in ALIKE:
-                return any(self.off_device(arg) for arg in node.args[:1]) and not any(k.arg == "device" for k in node.keywords)
+                return any(self.off_device(arg) for arg in node.args[:1]) and not any(
+                    k.arg == "device" for k in node.keywords
+                )
             if isinstance(node.func, ast.Attribute):  # a method of a tensor: mask.cumsum(-1), x.clamp(min=0)
                 return self.off_device(node.func.value)
             return False
@@ -96,8 +102,10 @@ class Placement:
                 if _is_model_call(node):
                     for argument in [*node.args, *(keyword.value for keyword in node.keywords)]:
                         if placement.off_device(argument):
-                            placement.problems.append(f"{where}, line {argument.lineno}: {ast.unparse(argument)[:60]} "
-                                                      "reaches the model without .to(model.device)")
+                            placement.problems.append(
+                                f"{where}, line {argument.lineno}: {ast.unparse(argument)[:60]} "
+                                "reaches the model without .to(model.device)"
+                            )
                 self.generic_visit(node)
 
         Visitor().visit(tree)

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.data import LABELS, build_prompt, encode_prompt
+from helpers.data import build_prompt, encode_prompt
 from helpers.drawings import plot_generate_vs_score, plot_kv_cache, plot_tree_mask
-from helpers.scoring import LabelScorer, batch_inputs, visible_keys
 from helpers.generation import generate_answer, generation_steps
+from helpers.scoring import LabelScorer, batch_inputs, visible_keys
 
 
 def suptitle(fig) -> str:
@@ -26,21 +26,32 @@ def test_generation_steps_are_the_passes_generate_answer_makes(tiny_qwen):
     prompt = build_prompt(tokenizer, "My invoice is wrong")
     steps = generation_steps(model, tokenizer, prompt, max_new_tokens=4)
     assert tokenizer.decode(steps["token_id"].tolist(), skip_special_tokens=True) == generate_answer(
-        model, tokenizer, prompt, max_new_tokens=4)
+        model, tokenizer, prompt, max_new_tokens=4
+    )
     # The prompt once, then one token per decode step; greedy: every chosen token was the most likely one.
     assert steps["input_tokens"].tolist() == [len(encode_prompt(tokenizer, prompt))] + [1] * (len(steps) - 1)
     assert ((steps["probability"] > 0) & (steps["probability"] <= 1)).all() and 1 <= len(steps) <= 4
 
 
 def test_generate_vs_score_counts_generations_passes_against_one(tmp_path):
-    steps = pd.DataFrame({"pass": [1, 2], "input_tokens": [120, 1], "token_id": [5, 6], "token": ["b", "illing"],
-                          "probability": [0.6, 0.9]})
-    fig, path = plot_generate_vs_score(steps, {"billing": 0.7, "technical": 0.2, "account": 0.1}, "caption",
-                                       path=tmp_path / "g.png")
+    steps = pd.DataFrame(
+        {
+            "pass": [1, 2],
+            "input_tokens": [120, 1],
+            "token_id": [5, 6],
+            "token": ["b", "illing"],
+            "probability": [0.6, 0.9],
+        }
+    )
+    fig, path = plot_generate_vs_score(
+        steps, {"billing": 0.7, "technical": 0.2, "account": 0.1}, "caption", path=tmp_path / "g.png"
+    )
     plt.close(fig)
     assert path.stat().st_size > 0
     title = suptitle(fig)
-    assert "'billing' took 2 forward passes" in title and "takes 1 and gives 3 probabilities (top: billing, 70%)" in title
+    assert (
+        "'billing' took 2 forward passes" in title and "takes 1 and gives 3 probabilities (top: billing, 70%)" in title
+    )
     with pytest.raises(ValueError, match="at least one generation step"):
         plot_generate_vs_score(steps.iloc[:0], {"a": 1.0}, "caption", path=tmp_path / "e.png")
 
@@ -57,10 +68,17 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
     assert torch.equal(tail, tail & (branch[:, None] == branch[None, :])), "a branch sees another branch"
     assert seen[n:, :n].all(), "every label token sees the whole prompt"
     shown = 3 + len(branch)
-    fig, path = plot_tree_mask(seen[-shown:, -shown:], [str(i) for i in range(shown)], "caption",
-                               branch_of=[-1] * 3 + branch.tolist(), path=tmp_path / "t.png")
+    fig, path = plot_tree_mask(
+        seen[-shown:, -shown:],
+        [str(i) for i in range(shown)],
+        "caption",
+        branch_of=[-1] * 3 + branch.tolist(),
+        path=tmp_path / "t.png",
+    )
     plt.close(fig)
-    assert path.stat().st_size > 0 and f"{len(scorer.multi)} label branches" in " ".join(fig.axes[0].get_title().split())
+    assert path.stat().st_size > 0 and f"{len(scorer.multi)} label branches" in " ".join(
+        fig.axes[0].get_title().split()
+    )
     with pytest.raises(ValueError, match="keys, but"):
         plot_tree_mask(seen[-shown:, -shown:], ["x"], "caption", path=tmp_path / "bad.png")
 
@@ -68,8 +86,11 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
 def test_kv_cache_drawing_counts_what_is_reused_and_appended(tmp_path):
     prefix = np.random.default_rng(0).normal(size=(6, 4))
     after = np.vstack([prefix, np.ones((3, 4))])
-    snapshots = [("the prefix", prefix, ["reused"] * 6), ("+ ticket", after, ["reused"] * 6 + ["appended"] * 3),
-                 ("crop", np.vstack([prefix, np.full((3, 4), np.nan)]), ["reused"] * 6 + ["dropped"] * 3)]
+    snapshots = [
+        ("the prefix", prefix, ["reused"] * 6),
+        ("+ ticket", after, ["reused"] * 6 + ["appended"] * 3),
+        ("crop", np.vstack([prefix, np.full((3, 4), np.nan)]), ["reused"] * 6 + ["dropped"] * 3),
+    ]
     fig, path = plot_kv_cache(snapshots, "caption", path=tmp_path / "kv.png")
     plt.close(fig)
     assert path.stat().st_size > 0 and "the 6-token prefix" in suptitle(fig)

@@ -17,7 +17,9 @@ ROOT = Path(__file__).parent.parent
 def pretend_versions(monkeypatch, **versions):
     """Installed versions as given (None: not installed); every other package as it really is."""
     real = environment.installed_version
-    monkeypatch.setattr(environment, "installed_version", lambda name: versions[name] if name in versions else real(name))
+    monkeypatch.setattr(
+        environment, "installed_version", lambda name: versions[name] if name in versions else real(name)
+    )
 
 
 def problem_lines() -> list[str]:
@@ -58,7 +60,7 @@ def test_a_missing_notebook_package_is_a_problem_naming_it(monkeypatch, package)
     pretend_versions(monkeypatch, **{package: None})
     (problem,) = problem_lines()
     assert problem.startswith(f"{package}: not installed"), problem
-    assert f"-m pip install -U \"{package}>=" in problem, problem
+    assert f'-m pip install -U "{package}>=' in problem, problem
 
 
 def test_missing_widgets_only_warn_even_for_the_commands(monkeypatch):
@@ -119,11 +121,17 @@ def test_the_floors_are_the_same_in_requirements_pyproject_and_the_check():
     pyproject = floors(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
     checked = {package: minimum for package, minimum, _ in environment.MINIMUM_VERSIONS}
     for package, minimum in checked.items():
-        assert requirements.get(package) == minimum, f"requirements.txt says {package}>={requirements.get(package)}, the check {minimum}"
+        assert requirements.get(package) == minimum, (
+            f"requirements.txt says {package}>={requirements.get(package)}, the check {minimum}"
+        )
         if package in pyproject:
-            assert pyproject[package] == minimum, f"pyproject.toml says {package}>={pyproject[package]}, the check {minimum}"
+            assert pyproject[package] == minimum, (
+                f"pyproject.toml says {package}>={pyproject[package]}, the check {minimum}"
+            )
     for package, minimum in pyproject.items():
-        assert requirements.get(package) == minimum, f"pyproject.toml says {package}>={minimum}, requirements.txt {requirements.get(package)}"
+        assert requirements.get(package) == minimum, (
+            f"pyproject.toml says {package}>={minimum}, requirements.txt {requirements.get(package)}"
+        )
     assert "torch" in pyproject and "torch" in checked
 
 
@@ -133,7 +141,9 @@ def test_every_failed_requirement_is_listed_at_once(monkeypatch):
         check_environment()
     message = str(raised.value)
     assert "3 problems" in message.splitlines()[0], message
-    assert [line.split(":")[0] for line in message.splitlines()[1:]] == ["- transformers", "- pandas", "- tqdm"], message
+    assert [line.split(":")[0] for line in message.splitlines()[1:]] == ["- transformers", "- pandas", "- tqdm"], (
+        message
+    )
     assert "PROBLEM  pandas: not installed" in raised.value.report, "the report should still show every check"
 
 
@@ -198,10 +208,12 @@ def test_the_python3_kernelspec_runs_this_venvs_python():
     from jupyter_client.kernelspec import KernelSpecManager
 
     spec = KernelSpecManager().get_kernel_spec("python3")
-    assert Path(spec.resource_dir).is_relative_to(sys.prefix), \
+    assert Path(spec.resource_dir).is_relative_to(sys.prefix), (
         f"python3 kernelspec at {spec.resource_dir} is not this venv's ({sys.prefix}): run make setup"
-    assert Path(spec.argv[0]).parent == Path(sys.executable).parent, \
+    )
+    assert Path(spec.argv[0]).parent == Path(sys.executable).parent, (
         f"python3 kernel runs {spec.argv[0]}, not this venv's python {sys.executable}: run make setup"
+    )
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")

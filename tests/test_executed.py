@@ -28,9 +28,11 @@ def fake_papermill(monkeypatch):
 def test_rerunning_one_lesson_replaces_its_rows_and_keeps_the_others(tmp_path, fake_papermill):
     folder = tmp_path / "reference-run"
     folder.mkdir()
-    (folder / "README.md").write_text("# Reference run\n\n| notebook | wall time | executed |\n|---|---|---|\n"
-                                      "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |\n"
-                                      "| [01_constrained_output.ipynb](01_constrained_output.ipynb) | 114 s | 2026-11-30 |\n")
+    (folder / "README.md").write_text(
+        "# Reference run\n\n| notebook | wall time | executed |\n|---|---|---|\n"
+        "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |\n"
+        "| [01_constrained_output.ipynb](01_constrained_output.ipynb) | 114 s | 2026-11-30 |\n"
+    )
     chosen = [path for path in executed.sources() if path.name.startswith("01")]
     assert [path.parent.name for path in chosen] == ["notebooks", "solutions"], "the lesson and its solutions"
     executed.run(folder, chosen)

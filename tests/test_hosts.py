@@ -34,7 +34,8 @@ def test_the_commands_run_without_nbformat_and_setup_cells_says_what_to_install(
         codes = [main(["check"]),
                  main(["classify", {str(source)!r}, "--labels", "billing,technical,account", "--output",
                        {str(tmp_path / "out.csv")!r}, "--model", "twin:tiny-qwen2", "--quiet"]),
-                 main(["bench", "--model", "twin:tiny-qwen2", "--per-point", "2", "--shots", "1", "--dtypes", "float32",
+                 main(["bench", "--model", "twin:tiny-qwen2", "--every", "30",
+                 "--shots", "1", "--dtypes", "float32",
                        "--batch-sizes", "2", "--strategies", "loop,sorted", "--repeats", "2", "--quiet"]),
                  main(["setup-cells", "--root", {str(ROOT)!r}])]
         print("CODES", codes)
@@ -43,8 +44,11 @@ def test_the_commands_run_without_nbformat_and_setup_cells_says_what_to_install(
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     codes = eval(done.stdout.split("CODES", 1)[1])
     assert codes[0] in (0, 1) and codes[1:3] == [0, 0], (codes, done.stderr[-2000:])
-    assert codes[3] == 2 and "error: reading and writing notebooks needs nbformat, which is not installed: pip install " \
-                               "nbformat" in done.stderr, done.stderr[-2000:]
+    assert (
+        codes[3] == 2
+        and "error: reading and writing notebooks needs nbformat, which is not installed: pip install nbformat"
+        in done.stderr
+    ), done.stderr[-2000:]
     assert len(pd.read_csv(tmp_path / "out.csv")) == 6
 
 
@@ -60,61 +64,22 @@ def test_a_probe_forward_finds_non_finite_logits(tiny_qwen):
     assert not models.finite_logits(broken)
 
 
-def test_a_default_half_dtype_that_overflows_falls_back_to_float32_and_a_named_one_refuses(tiny_qwen, monkeypatch, capsys):
+def test_a_default_half_dtype_that_overflows_falls_back_to_float32_and_a_named_one_refuses(
+    tiny_qwen, monkeypatch, capsys
+):
     model, _, _ = tiny_qwen
     half = copy.deepcopy(model).to(torch.float16)
     monkeypatch.setattr(models, "finite_logits", lambda model: False)
     settled, dtype = models.settle_dtype(half, torch.float16, None, "twin:tiny-qwen2")
     assert dtype == torch.float32 and settled.dtype == torch.float32
-    assert "float16 gave non-finite logits in a probe forward (half-precision overflow): using float32" in capsys.readouterr().out
+    assert (
+        "float16 gave non-finite logits in a probe forward (half-precision overflow): using float32"
+        in capsys.readouterr().out
+    )
     with pytest.raises(models.HalfPrecisionError, match="non-finite logits in float16 .*use float32"):
         models.settle_dtype(copy.deepcopy(model).to(torch.float16), torch.float16, "float16", "twin:tiny-qwen2")
     monkeypatch.setattr(models, "finite_logits", lambda model: True)
     assert models.settle_dtype(half, torch.float16, None, "x")[1] == torch.float16, "a finite one is kept"
-
-
-def test_a_half_dtype_that_overflows_costs_the_benchmark_its_own_rows_only(monkeypatch, capsys):
-    from helpers import bench
-
-    real = models.settle_dtype
-
-    def overflow(model, dtype, requested, name, verbose=True):
-        if dtype == torch.bfloat16:
-            raise models.HalfPrecisionError(f"{name} gives non-finite logits in bfloat16 on cpu (half-precision overflow)")
-        return real(model, dtype, requested, name, verbose)
-
-    monkeypatch.setattr(models, "settle_dtype", overflow)
-    frame = bench.run_benchmark("twin:tiny-qwen2", shots=1, strategies=["loop", "sorted"], batch_sizes=[2],
-                                dtypes=["float32", "bfloat16"], repeats=2, progress=False, min_tickets=2)
-    assert set(frame["dtype"]) == {"float32"} and len(frame) == 2
-    assert {(f["strategy"], f["dtype"]) for f in frame.attrs["failed"]} == {("loop", "bfloat16"), ("sorted", "bfloat16")}
-    assert "bfloat16: twin:tiny-qwen2 gives non-finite logits" in capsys.readouterr().out
-
-
-# --- out of memory ----------------------------------------------------------------------------------------
-
-
-def test_running_out_of_memory_in_one_row_loses_that_row_only(monkeypatch, capsys):
-    from helpers import bench
-
-    real = bench.score_draw
-
-    def score_draw(model, tokenizer, scorer, prompts, draw, prefix=None):
-        if draw.strategy == "sorted" and draw.batch_size == 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(model, tokenizer, scorer, prompts, draw, prefix)
-
-    monkeypatch.setattr(bench, "score_draw", score_draw)
-    frame = bench.run_benchmark("twin:tiny-qwen2", shots=1, strategies=["loop", "sorted"], batch_sizes=[2, 4],
-                                dtypes=["float32"], repeats=2, progress=False, min_tickets=4)
-    assert list(zip(frame["strategy"], frame["batch_size"])) == [("loop", 1), ("sorted", 2)]
-    assert frame.attrs["failed"] == [{"strategy": "sorted", "batch_size": 4, "dtype": "float32",
-                                      "reason": "out of memory at batch 4 on cpu"}]
-    assert "sorted at batch 4 (float32): out of memory at batch 4 on cpu; its row is left out" in capsys.readouterr().out
-    assert (frame["agreement"] == 1.0).all()
-
-
-# --- a model without a chat template ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +106,9 @@ def test_without_a_chat_template_prompts_are_plain_text_and_labels_follow_catego
 def test_plain_prompts_batch_and_cache_with_the_loops_results(base_model):
     model, tokenizer, _ = base_model
     examples = few_shot_examples(3)
-    prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in make_tickets(10, seed=4, style="varied")["text"]]
+    prompts = [
+        build_prompt(tokenizer, text, LABELS, examples) for text in make_tickets(10, seed=4, style="varied")["text"]
+    ]
     scorer = LabelScorer(tokenizer, LABELS)
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
@@ -156,30 +123,20 @@ def test_classify_on_a_model_without_a_chat_template_says_so_and_verifies(base_m
     monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: (model, tokenizer, info))
     source = tmp_path / "in.csv"
     make_tickets(12, seed=2, style="varied")[["text"]].to_csv(source, index=False)
-    code = main(["classify", str(source), "--labels", "billing,technical,account", "--output", str(tmp_path / "o.csv"),
-                 "--verify", "12", "--quiet"])
+    code = main(
+        [
+            "classify",
+            str(source),
+            "--labels",
+            "billing,technical,account",
+            "--output",
+            str(tmp_path / "o.csv"),
+            "--verify",
+            "12",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     assert "its tokenizer has no chat template (a base model?): plain prompts" in err, err
     assert "verified 12 random rows against the one-at-a-time reference: all agree" in err, err
-
-
-def test_the_notebook_sweep_leaves_out_a_row_whose_warm_up_runs_out_of_memory(monkeypatch, capsys):
-    """Notebook 04's loop: its strategy's largest size goes, with the sizes above it; the next size down warms up."""
-    from helpers import rows as sweep_rows
-
-    warmed = []
-
-    def warm_up(model, tokenizer, scorer, prompts, draw, prefix=None):
-        warmed.append(draw)
-        if draw[0] == "sorted" and draw[1] >= 16:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-        return 0.1
-
-    monkeypatch.setattr(sweep_rows, "warm_up", warm_up)
-    model = type("Model", (), {"device": torch.device("cpu")})()
-    rows = [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted", 16), ("sorted", 32), ("sorted_prefix", 32)]
-    kept = sweep_rows.warm_up_fitting(model, None, None, [], {row: row for row in rows}, dict.fromkeys(rows), rows)
-    assert kept == [("loop", 1), ("sorted", 1), ("sorted", 4), ("sorted_prefix", 32)]
-    assert "sorted at batch 32: out of memory on cpu; left out (batch sizes 32)" in capsys.readouterr().out
-    assert ("sorted", 4) in warmed, "the next size down warmed up instead"

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from helpers.batching import score_batched
+from helpers.checks import assert_agrees
 from helpers.data import build_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
-from helpers.checks import assert_agrees
 
 SINGLE = ["payment", "technical", "account"]
 ONE_MULTI = ["billing", "technical", "account"]  # "b" + "illing"
@@ -38,8 +38,9 @@ N = 6  # a short last batch at every batch size below
 
 def test_the_label_sets_have_the_shapes_they_are_named_after(embedded):
     _, tokenizer, _ = embedded
-    scorers = {name: LabelScorer(tokenizer, labels, complete=complete)
-               for name, (labels, _, complete) in LABEL_SETS.items()}
+    scorers = {
+        name: LabelScorer(tokenizer, labels, complete=complete) for name, (labels, _, complete) in LABEL_SETS.items()
+    }
     token_counts = {name: [len(ids) for ids in scorer.label_ids] for name, scorer in scorers.items()}
     assert token_counts["single_tokens"] == [1, 1, 1]
     assert LabelScorer(tokenizer, SINGLE).method == "first_token"
@@ -64,11 +65,13 @@ def test_the_reference_equals_one_full_forward_per_label(any_model, tickets, nam
 # Both two-layer twins run every case; the embedded model (trained weights, the slowest) the case that exercises the
 # most code at once: continuation rows of three lengths on the prefix cache.
 CASES = [(m, name, p) for m in ("tiny_llama", "tiny_qwen") for name in LABEL_SETS for p in (False, True)] + [
-    ("embedded", "three_multi_token", True)]
+    ("embedded", "three_multi_token", True)
+]
 
 
-@pytest.mark.parametrize("model_name,name,use_prefix", CASES,
-                         ids=[f"{m}-{n}-{'prefix' if p else 'plain'}" for m, n, p in CASES])
+@pytest.mark.parametrize(
+    "model_name,name,use_prefix", CASES, ids=[f"{m}-{n}-{'prefix' if p else 'plain'}" for m, n, p in CASES]
+)
 def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, tickets, model_name, name, use_prefix):
     model, tokenizer, _ = request.getfixturevalue(model_name)
     labels, normalize, complete = LABEL_SETS[name]
@@ -78,8 +81,9 @@ def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, 
     assert reference.log_scores.std(0).sum() > 0, "tickets must score differently for the check to mean anything"
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=labels) if use_prefix else None
     for strategy, batch_size in (("loop", 1), ("sorted", 4), ("arbitrary", 5)):  # 4 + 2, and 5 + a single row
-        result = score_batched(model, tokenizer, scorer, prompts, strategy, batch_size=batch_size, prefix=prefix,
-                               progress=False)
+        result = score_batched(
+            model, tokenizer, scorer, prompts, strategy, batch_size=batch_size, prefix=prefix, progress=False
+        )
         try:
             assert_agrees(reference, result, atol=1e-3)
         except AssertionError as error:
@@ -108,4 +112,4 @@ def test_visible_keys_hide_padding_and_other_branches(embedded):
     # Positions count real tokens from the prefix on; every branch restarts after the row's last token.
     assert positions[1, width - tail - 1] == past and positions[0, width - tail - 1] == past + 2
     first = [i for i, offset in enumerate(scorer.tail_offsets) if offset == 0]
-    assert (positions[:, width - tail + torch.tensor(first)] == positions[:, width - tail - 1:width - tail] + 1).all()
+    assert (positions[:, width - tail + torch.tensor(first)] == positions[:, width - tail - 1 : width - tail] + 1).all()

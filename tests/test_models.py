@@ -44,6 +44,7 @@ def test_unreachable_hub_is_decided_within_the_probe_timeout(monkeypatch):
     # A refused connection (nothing listens on loopback port 1) ...
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
     assert models.resolve_name() == expected
+
     # ... and one that hangs (DNS or a silent firewall) are both decided within the timeout.
     def hang(*args, **kwargs):
         time.sleep(3)
@@ -74,12 +75,15 @@ def test_dtype_names_are_resolved_and_bad_ones_refused():
         pick_dtype("float7", cpu)
 
 
-@pytest.mark.parametrize("capability, default, candidates", [
-    ((7, 5), torch.float16, [torch.float32, torch.float16]),  # a T4 (Colab, Kaggle): bfloat16 only emulated
-    ((7, 0), torch.float16, [torch.float32, torch.float16]),  # a V100
-    ((8, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an A100
-    ((9, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an H100 / H200
-])
+@pytest.mark.parametrize(
+    "capability, default, candidates",
+    [
+        ((7, 5), torch.float16, [torch.float32, torch.float16]),  # a T4 (Colab, Kaggle): bfloat16 only emulated
+        ((7, 0), torch.float16, [torch.float32, torch.float16]),  # a V100
+        ((8, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an A100
+        ((9, 0), torch.bfloat16, [torch.float32, torch.bfloat16, torch.float16]),  # an H100 / H200
+    ],
+)
 def test_cuda_dtypes_follow_the_compute_capability(capability, default, candidates):
     cuda = torch.device("cuda")
     assert pick_dtype(None, cuda, capability=capability) == default

@@ -26,18 +26,28 @@ def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = Non
     small = {**SMALL, **(extra or {}), "OUTPUT_DIR": str(tmp_path / "out")}
     parameters = {name: value for name, value in small.items() if name in declared}
     before = sorted(NOTEBOOK_DIR.rglob("*"))
-    executed = papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), parameters=parameters,
-                                          cwd=str(tmp_path), progress_bar=False, kernel_name="python3")
+    executed = papermill.execute_notebook(
+        str(notebook),
+        str(tmp_path / notebook.name),
+        parameters=parameters,
+        cwd=str(tmp_path),
+        progress_bar=False,
+        kernel_name="python3",
+    )
     assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
     return executed
 
 
 def printed_lines(executed) -> list[str]:
-    return "".join("".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", [])).splitlines()
+    return "".join(
+        "".join(output.get("text", "")) for cell in executed["cells"] for output in cell.get("outputs", [])
+    ).splitlines()
 
 
 def markdown(notebook: Path) -> list[str]:
-    return ["".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "markdown"]
+    return [
+        "".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "markdown"
+    ]
 
 
 def exercises(lesson: Path) -> list[str]:
@@ -62,7 +72,9 @@ def test_every_exercise_has_a_worked_solution(notebook):
         heading = [cell for cell in cells if cell.startswith(f"## Exercise {k}")]
         assert heading, f"{solutions.name}: no '## Exercise {k}' cell"
         assert exercise in heading[0], f"{solutions.name}: exercise {k} does not quote the lesson's text: {exercise!r}"
-    assert not any(cell.startswith(f"## Exercise {len(wanted) + 1}") for cell in cells), f"{solutions.name}: extra exercises"
+    assert not any(cell.startswith(f"## Exercise {len(wanted) + 1}") for cell in cells), (
+        f"{solutions.name}: extra exercises"
+    )
 
 
 CORE_PATH_WORDS = 1500  # about 15 minutes of reading at 100-150 words a minute, code beside it
@@ -74,7 +86,7 @@ def test_every_lesson_core_path_reads_in_about_15_minutes(notebook):
     cells = markdown(notebook)
     summary = [i for i, cell in enumerate(cells) if cell.startswith("## Summary")]
     assert summary, f"{notebook.name}: no '## Summary' heading"
-    words = sum(len(cell.split()) for cell in cells[:summary[0]])
+    words = sum(len(cell.split()) for cell in cells[: summary[0]])
     assert words <= CORE_PATH_WORDS, f"{notebook.name}: {words} words before its summary, over {CORE_PATH_WORDS}"
     deeper = [i for i, cell in enumerate(cells) if cell.startswith("## Going deeper")]
     assert all(i > summary[0] for i in deeper), f"{notebook.name}: 'Going deeper' before the summary"
@@ -91,12 +103,17 @@ def test_every_lesson_asks_the_reader_to_act_inline_and_answers_it(notebook):
     """At least two "your turn" cells in the lesson, numbered in order, each followed by the code cell it asks to
     change, and each answered under "## Your turn k" in the solutions (which the suite executes)."""
     cells = json.loads(notebook.read_text())["cells"]
-    prompts = [i for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
-               and "".join(cell["source"]).startswith("**Your turn ")]
+    prompts = [
+        i
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "markdown" and "".join(cell["source"]).startswith("**Your turn ")
+    ]
     assert len(prompts) >= 2, f"{notebook.name}: {len(prompts)} 'your turn' cell(s), want at least 2"
     numbers = [int(re.match(r"\*\*Your turn (\d+)\.", "".join(cells[i]["source"])).group(1)) for i in prompts]
     assert numbers == list(range(1, len(prompts) + 1)), f"{notebook.name}: your turns numbered {numbers}"
-    assert all(cells[i + 1]["cell_type"] == "code" for i in prompts), f"{notebook.name}: a your-turn without its code cell"
+    assert all(cells[i + 1]["cell_type"] == "code" for i in prompts), (
+        f"{notebook.name}: a your-turn without its code cell"
+    )
     solutions = NOTEBOOK_DIR / "solutions" / f"{notebook.stem[:2]}_solutions.ipynb"
     answers = [" ".join(cell.split()) for cell in markdown(solutions)]
     for k, prompt in enumerate(your_turns(notebook), start=1):
@@ -108,7 +125,11 @@ def test_every_lesson_asks_the_reader_to_act_inline_and_answers_it(notebook):
 @pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
 def test_notebook_is_stored_without_outputs(notebook):
     cells = json.loads(notebook.read_text())["cells"]
-    dirty = [i for i, cell in enumerate(cells) if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))]
+    dirty = [
+        i
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))
+    ]
     assert not dirty, f"{notebook.name}: cells {dirty} have outputs; clear them before committing"
 
 
@@ -124,23 +145,31 @@ def code_before_first_section(notebook: Path) -> list[str]:
     raise AssertionError(f"{notebook.name} has no '## 1.' heading")
 
 
-@pytest.mark.parametrize("notebook", [nb for nb in NOTEBOOKS if not nb.stem.startswith("00")], ids=lambda path: path.stem)
+@pytest.mark.parametrize(
+    "notebook", [nb for nb in NOTEBOOKS if not nb.stem.startswith("00")], ids=lambda path: path.stem
+)
 def test_a_lesson_reaches_its_first_idea_after_at_most_15_lines_of_code(notebook):
     lines = code_before_first_section(notebook)
-    assert len(lines) <= 15, f"{notebook.name}: {len(lines)} lines of code before its first section:\n" + "\n".join(lines)
+    assert len(lines) <= 15, f"{notebook.name}: {len(lines)} lines of code before its first section:\n" + "\n".join(
+        lines
+    )
 
 
 def sizes_of(notebook: Path) -> dict:
     """The SIZES table of a notebook's parameters cell, evaluated."""
-    cell = next(cell for cell in json.loads(notebook.read_text())["cells"]
-                if "parameters" in cell.get("metadata", {}).get("tags", []))
+    cell = next(
+        cell
+        for cell in json.loads(notebook.read_text())["cells"]
+        if "parameters" in cell.get("metadata", {}).get("tags", [])
+    )
     names: dict = {}
     exec("".join(cell["source"]), {}, names)
     return names.get("SIZES", {})
 
 
-@pytest.mark.parametrize("notebook", [nb for nb in NOTEBOOKS + SOLUTIONS if not nb.stem.startswith("00")],
-                         ids=lambda path: path.stem)
+@pytest.mark.parametrize(
+    "notebook", [nb for nb in NOTEBOOKS + SOLUTIONS if not nb.stem.startswith("00")], ids=lambda path: path.stem
+)
 def test_every_size_a_lesson_runs_is_in_its_parameters_cell_at_each_scale(notebook):
     declared = papermill.inspect_notebook(str(notebook))
     for name in ("MODEL", "SCALE", "SIZES", "OUTPUT_DIR"):
@@ -162,7 +191,9 @@ def test_a_lesson_imports_few_names_from_helpers(notebook):
     source = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"])
     names = set()
     for match in re.finditer(r"^from helpers(?:\.\w+)? import \(?([^)\n]+(?:\n[^)]+)*)\)?", source, re.M):
-        names |= {part.split(" as ")[0].strip() for part in match.group(1).replace("\n", ",").split(",") if part.strip()}
+        names |= {
+            part.split(" as ")[0].strip() for part in match.group(1).replace("\n", ",").split(",") if part.strip()
+        }
     names |= set(re.findall(r"^import (helpers\.\w+)", source, re.M))
     assert len(names) <= HELPERS_NAMES + 2, f"{notebook.name} imports {len(names)} names from helpers: {sorted(names)}"
 
@@ -200,7 +231,8 @@ def test_the_reference_run_shows_the_current_code(notebook):
 
     copy = copy_of(notebook, REFERENCE_RUN)
     assert copy.exists(), f"{copy.relative_to(NOTEBOOK_DIR.parent)} is missing: run `make reference`"
-    assert code_cells(copy) == code_cells(notebook), \
+    assert code_cells(copy) == code_cells(notebook), (
         f"{copy.relative_to(NOTEBOOK_DIR.parent)} runs other code than {notebook.name}: run `make reference`"
+    )
     first = json.loads(copy.read_text())["cells"][0]
     assert first["cell_type"] == "markdown" and "Executed on" in "".join(first["source"]), "no machine named at the top"

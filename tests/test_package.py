@@ -17,22 +17,31 @@ TEACHING = ["generation", "scoring", "labels", "checks", "prefix_cache", "batchi
 def test_every_module_is_readable_at_a_sitting_and_named_in_the_package_page(module):
     lines = len(module.read_text().splitlines())
     assert lines <= 400, f"helpers/{module.name} is {lines} lines: split it by concern"
-    assert f"`helpers.{module.stem}`" in (ROOT / "docs" / "package.md").read_text(), \
+    assert f"`helpers.{module.stem}`" in (ROOT / "docs" / "package.md").read_text(), (
         f"helpers.{module.stem} is missing from docs/package.md's table of modules"
+    )
 
 
 @pytest.mark.parametrize("module", TEACHING)
 def test_every_teaching_function_names_the_lesson_section_that_builds_it(module):
     tree = ast.parse((ROOT / "helpers" / f"{module}.py").read_text())
-    silent = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-              and not node.name.startswith("_") and "Notebook 0" not in (ast.get_docstring(node) or "")]
+    silent = [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        and not node.name.startswith("_")
+        and "Notebook 0" not in (ast.get_docstring(node) or "")
+    ]
     assert not silent, f"helpers.{module}: no 'Notebook NN, section S.' in the docstrings of {', '.join(silent)}"
 
 
 def imported_modules(notebook: Path) -> set[str]:
-    code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
-                     if cell["cell_type"] == "code")
-    return set(re.findall(r"^\s*from helpers\.(\w+) import", code, re.M)) | set(re.findall(r"^\s*import helpers\.(\w+)", code, re.M))
+    code = "\n".join(
+        "".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "code"
+    )
+    return set(re.findall(r"^\s*from helpers\.(\w+) import", code, re.M)) | set(
+        re.findall(r"^\s*import helpers\.(\w+)", code, re.M)
+    )
 
 
 def test_lesson_01_imports_nothing_about_benchmarking():
@@ -64,7 +73,9 @@ def test_no_two_modules_import_each_other_in_a_circle():
     graph = package_imports()
 
     def reaches(start, goal, seen=()):
-        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph.get(start, ()))
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph.get(start, ())
+        )
 
     circles = sorted(name for name in graph if reaches(name, name))
     assert not circles, f"helpers modules in an import circle: {circles}"

@@ -8,9 +8,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
+from helpers.drawings import plot_prompt_split
 from helpers.models import ModelInfo
 from helpers.plots import plot_prompt_lengths, plot_speedup_vs_prefix
-from helpers.drawings import plot_prompt_split
 
 INFO = ModelInfo(name="test-model", source="synthetic", n_params=0, dtype="float32", device="cpu", threads=2)
 
@@ -42,12 +42,15 @@ def test_prompt_split_leaves_the_label_part_out_when_no_label_tokens_follow(tmp_
     assert len(fig.axes[0].patches) == 8, "two segments (prefix, ticket) per prompt when no label tokens follow"
 
 
-@pytest.mark.parametrize("prefix, tickets, labels, message", [
-    (100, [], 1, "at least one ticket"),
-    (0, [10], 1, "must be positive"),
-    (100, [10, 0], 1, "must be positive"),
-    (100, [10], -1, "must be positive"),
-])
+@pytest.mark.parametrize(
+    "prefix, tickets, labels, message",
+    [
+        (100, [], 1, "at least one ticket"),
+        (0, [10], 1, "must be positive"),
+        (100, [10, 0], 1, "must be positive"),
+        (100, [10], -1, "must be positive"),
+    ],
+)
 def test_prompt_split_refuses_impossible_token_counts(tmp_path, prefix, tickets, labels, message):
     with pytest.raises(ValueError, match=message):
         plot_prompt_split(prefix, tickets, labels, INFO, path=tmp_path / "split.png")
@@ -58,8 +61,9 @@ def test_prompt_split_refuses_impossible_token_counts(tmp_path, prefix, tickets,
 
 def speedups(**extra) -> pd.DataFrame:
     # Shares 50 % and 75 %: ideal 2x and 4x; measured 1.5x (75 % of it) and 2x (50 % of it).
-    return pd.DataFrame({"shots": [6, 0], "prefix_tokens": [300, 100], "prefix_share": [0.75, 0.5],
-                         "speedup": [2.0, 1.5], **extra})
+    return pd.DataFrame(
+        {"shots": [6, 0], "prefix_tokens": [300, 100], "prefix_share": [0.75, 0.5], "speedup": [2.0, 1.5], **extra}
+    )
 
 
 def test_speedup_figure_title_says_how_much_of_the_ideal_was_reached(tmp_path):
@@ -127,16 +131,39 @@ def test_bad_lengths_are_refused_with_one_line(tmp_path, bad):
 
 def _bench_rows():
     rows = []
-    for strategy, loop, rates in (("sorted", "loop", [1.5, 2.0, 3.0, 4.0, 4.2, 4.3]),
-                                  ("sorted_prefix", "loop_prefix", [2.0, 3.0, 5.0, 7.0, 8.0, 8.1])):
+    for strategy, loop, rates in (
+        ("sorted", "loop", [1.5, 2.0, 3.0, 4.0, 4.2, 4.3]),
+        ("sorted_prefix", "loop_prefix", [2.0, 3.0, 5.0, 7.0, 8.0, 8.1]),
+    ):
         for size, rate in zip([1, 2, 4, 8, 16, 32], rates):
-            rows.append({"strategy": loop if size == 1 else strategy, "batch_size": size, "items_per_s": rate,
-                         "items_per_s_min": rate * 0.95, "items_per_s_max": rate * 1.05, "tokens_per_s": 100 * rate,
-                         "padding_fraction": 0.002 * size, "plan_padding": 0.003 * size, "predicted_items_per_s": rate})
-    rows.append({"strategy": "arbitrary", "batch_size": 8, "items_per_s": 1.0, "items_per_s_min": 0.9,
-                 "items_per_s_max": 1.1, "tokens_per_s": 60.0, "padding_fraction": 0.5, "plan_padding": 0.45})
-    return pd.DataFrame(rows).assign(dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=600,
-                                     shots=3, repeats=2)
+            rows.append(
+                {
+                    "strategy": loop if size == 1 else strategy,
+                    "batch_size": size,
+                    "items_per_s": rate,
+                    "items_per_s_min": rate * 0.95,
+                    "items_per_s_max": rate * 1.05,
+                    "tokens_per_s": 100 * rate,
+                    "padding_fraction": 0.002 * size,
+                    "plan_padding": 0.003 * size,
+                    "predicted_items_per_s": rate,
+                }
+            )
+    rows.append(
+        {
+            "strategy": "arbitrary",
+            "batch_size": 8,
+            "items_per_s": 1.0,
+            "items_per_s_min": 0.9,
+            "items_per_s_max": 1.1,
+            "tokens_per_s": 60.0,
+            "padding_fraction": 0.5,
+            "plan_padding": 0.45,
+        }
+    )
+    return pd.DataFrame(rows).assign(
+        dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=600, shots=3, repeats=2
+    )
 
 
 def test_throughput_figure_has_three_panels_error_bars_and_says_a_curve_rose_only_beyond_its_spread(tmp_path):
@@ -149,12 +176,15 @@ def test_throughput_figure_has_three_panels_error_bars_and_says_a_curve_rose_onl
     assert len(rate.containers) == 3, "one errorbar series per swept strategy, and arbitrary order's point"
     assert "tokens" in tokens.get_ylabel() and "padding" in padding.get_ylabel()
     assert [t.get_text() for t in padding.get_xticklabels()] == ["1", "2", "4", "8", "16", "32"], "batch 1: the loops"
-    assert "sorted + prefix rose 4.05x from batch 1 to its best at 32, beyond the spread" in title_of(fig), title_of(fig)
+    assert "sorted + prefix rose 4.05x from batch 1 to its best at 32, beyond the spread" in title_of(fig), title_of(
+        fig
+    )
     assert "within noise of the best from batch 16" in title_of(fig)  # 8.0 and 8.1 overlap with 5 % spreads
     single = frame.assign(repeats=1, items_per_s_min=frame["items_per_s"], items_per_s_max=frame["items_per_s"])
     fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
-    assert "no spread to judge by" in title_of(fig) and "beyond" not in title_of(fig), \
+    assert "no spread to judge by" in title_of(fig) and "beyond" not in title_of(fig), (
         "one run per row has no spread: the title ranks nothing"
+    )
     plt.close("all")
 
 
@@ -171,7 +201,9 @@ def test_the_saturation_figure_draws_one_long_sequence_beside_batched_rows_and_s
     labels = ax.get_legend_handles_labels()[1]
     assert any(label.startswith("one sequence of n tokens") for label in labels), labels
     assert any(label.startswith("rows of 96 tokens per call, 1 to 32 rows") for label in labels), labels
-    assert any(label.startswith("32 median tickets in one call: 3072 tokens,") and "batched" in label for label in labels)
+    assert any(
+        label.startswith("32 median tickets in one call: 3072 tokens,") and "batched" in label for label in labels
+    )
     assert f"32 median rows in one call run {profile.batching_gain(32):.2f}x the tokens/s of one row" in title_of(fig)
     beyond = synthetic()
     beyond.batched = beyond.batched[:3]  # measured to 4 rows only
@@ -209,9 +241,14 @@ def test_the_ladder_has_error_bars_and_the_roof_figure_its_kernel_ceilings(tmp_p
     from helpers.plots import plot_ladder, plot_roof_fraction
 
     # generate + parse is timed once: its min and max equal its median, up to rounding (here 1 ulp above it)
-    ladder = pd.DataFrame({"step": ["generate + parse", "constrained loop", "+ prefix cache"],
-                           "speedup": [0.3, 1.0, 1.8], "speedup_min": [0.30000000000000004, 0.95, 1.6],
-                           "speedup_max": [0.3, 1.05, 1.9]})
+    ladder = pd.DataFrame(
+        {
+            "step": ["generate + parse", "constrained loop", "+ prefix cache"],
+            "speedup": [0.3, 1.0, 1.8],
+            "speedup_min": [0.30000000000000004, 0.95, 1.6],
+            "speedup_max": [0.3, 1.05, 1.9],
+        }
+    )
     fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "l.png")
     assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers), "each step shows its spread"
     assert "slowest to fastest repeat" in fig.axes[0].get_xlabel()

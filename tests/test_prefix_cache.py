@@ -2,16 +2,10 @@ import pytest
 import torch
 
 from helpers.batching import score_batched
-from helpers.data import LABEL_DESCRIPTIONS, LABELS, build_prompt
-from helpers.prefix_cache import (
-    PrefixCache,
-    PromptSplitError,
-    UncleanSplitError,
-    find_prefix_text,
-    split_is_clean,
-)
-from helpers.scoring import LabelScorer, score_one_by_one
 from helpers.checks import assert_agrees
+from helpers.data import LABEL_DESCRIPTIONS, LABELS, build_prompt
+from helpers.prefix_cache import PrefixCache, PromptSplitError, UncleanSplitError, find_prefix_text, split_is_clean
+from helpers.scoring import LabelScorer, score_one_by_one
 
 from .conftest import prompts_for
 
@@ -100,7 +94,11 @@ def test_an_interrupted_forward_changes_no_later_result(tiny_llama, tickets, fai
 def test_a_prompt_that_is_not_token_clean_runs_with_its_full_prompt(any_model):
     model, tokenizer, _ = any_model
     # A prefix ending in " The" fits "The app ..." but not "Theory ...", where " Theory" is one token.
-    texts = ["The app crashes when I upload a photo", "Theory aside, my bill is wrong", "The email on my profile is old"]
+    texts = [
+        "The app crashes when I upload a photo",
+        "Theory aside, my bill is wrong",
+        "The email on my profile is old",
+    ]
     prompts = [build_prompt(tokenizer, text) for text in texts]
     cache = PrefixCache(model, tokenizer, find_prefix_text(tokenizer) + " The")
     assert [split_is_clean(tokenizer, cache.text, p) for p in prompts] == [True, False, True]

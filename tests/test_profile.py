@@ -17,9 +17,18 @@ def synthetic(bf16: float = 400.0, fp32: float = 120.0) -> MachineProfile:
     """Single sequences up to 256 tokens and batches of 1-32 rows of 96 tokens, at ``seconds``' costs."""
     prefill = [(n, n / seconds(1, n)) for n in (1, 4, 16, 64, 256)]
     batched = [(rows, rows * 96 / seconds(rows, 96)) for rows in (1, 2, 4, 8, 16, 32)]
-    return MachineProfile(machine="cpu: test", torch="0", model="test", dtype="float32", device="cpu", threads=2,
-                          matmul_gflops={"float32": fp32, "bfloat16": bf16}, prefill=prefill, decode={1: 50.0, 32: 800.0},
-                          batched=batched)
+    return MachineProfile(
+        machine="cpu: test",
+        torch="0",
+        model="test",
+        dtype="float32",
+        device="cpu",
+        threads=2,
+        matmul_gflops={"float32": fp32, "bfloat16": bf16},
+        prefill=prefill,
+        decode={1: 50.0, 32: 800.0},
+        batched=batched,
+    )
 
 
 def test_the_curve_is_read_between_and_beyond_its_points():
@@ -36,15 +45,19 @@ def test_the_batched_curve_says_what_batching_can_gain_and_where_it_flattens():
     assert profile.batching_gain(32) == pytest.approx(0.106 * 32 / 3.082)
     assert profile.batching_gain(1) == 1.0
     assert profile.batch_knee == min(rows for rows, rate in profile.batched if rate >= 0.9 * profile.batched[-1][1])
-    assert profile.batched_tokens_per_s(64) == pytest.approx(profile.batched_tokens_per_s(32)), "flat past the last point"
+    assert profile.batched_tokens_per_s(64) == pytest.approx(profile.batched_tokens_per_s(32)), (
+        "flat past the last point"
+    )
     assert "batched rows of 96 tokens: 1 rows" in profile.summary() and "batched rows of 96 tokens" in profile.caption()
 
 
 def test_a_half_dtype_below_half_of_float32_is_not_worth_running():
     slow = synthetic(bf16=1.8, fp32=124.0)
     assert slow.fast_dtypes() == ["float32"]
-    assert slow.slow_dtypes() == {"bfloat16": "bfloat16: its matmul runs at 1.8 GFLOP/s here against 124 for float32 "
-                                               "(below half): not worth running"}
+    assert slow.slow_dtypes() == {
+        "bfloat16": "bfloat16: its matmul runs at 1.8 GFLOP/s here against 124 for float32 "
+        "(below half): not worth running"
+    }
     assert synthetic(bf16=70.0, fp32=124.0).fast_dtypes() == ["float32", "bfloat16"], "0.56x is kept"
     overflowing = synthetic(bf16=400.0)
     overflowing.finite = {"bfloat16": False}
@@ -53,19 +66,30 @@ def test_a_half_dtype_below_half_of_float32_is_not_worth_running():
 
 def test_the_profile_measures_the_candidates_of_its_device(embedded, tmp_path, monkeypatch):
     monkeypatch.setenv("SLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(profiles, "prefill_curve", lambda model: [(1, 10.0), (4, 30.0)])  # the matmuls are what matter here
+    monkeypatch.setattr(
+        profiles, "prefill_curve", lambda model: [(1, 10.0), (4, 30.0)]
+    )  # the matmuls are what matter here
     monkeypatch.setattr(profiles, "batched_curve", lambda model: [(1, 10.0), (2, 15.0)])
     monkeypatch.setattr(profiles, "decode_step_tokens_per_s", lambda model, batch: 1.0)
     probed = []
-    monkeypatch.setattr(profiles, "half_precision_finite", lambda model, dtype: probed.append(dtype) or dtype != "bfloat16")
+    monkeypatch.setattr(
+        profiles, "half_precision_finite", lambda model, dtype: probed.append(dtype) or dtype != "bfloat16"
+    )
     bars = []
-    monkeypatch.setattr(profiles, "matmul_gflops", lambda device, dtype, shape, slow=None: bars.append(slow) or
-                        {"float32": 100.0, "bfloat16": 80.0}[str(dtype)[6:]])
+    monkeypatch.setattr(
+        profiles,
+        "matmul_gflops",
+        lambda device, dtype, shape, slow=None: (
+            bars.append(slow) or {"float32": 100.0, "bfloat16": 80.0}[str(dtype)[6:]]
+        ),
+    )
     model, _, info = embedded
     measured = machine_profile(model, info, refresh=True, verbose=False)
     assert list(measured.matmul_gflops) == ["float32", "bfloat16"], "a CPU measures float32 and bfloat16, not float16"
     assert measured.batched == [(1, 10.0), (2, 15.0)]
-    assert bars == [None, 100.0 * profiles.SLOW_DTYPE_RATIO / 4], "float32 in full; the others answered early if far slower"
+    assert bars == [None, 100.0 * profiles.SLOW_DTYPE_RATIO / 4], (
+        "float32 in full; the others answered early if far slower"
+    )
     assert probed == ["bfloat16"] and measured.finite == {"bfloat16": False}, "a fast half dtype is probed once"
     assert measured.fast_dtypes() == ["float32"], "one that overflows is never worth running"
 

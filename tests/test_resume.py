@@ -23,8 +23,15 @@ PROBABILITIES = ["p_billing", "p_technical", "p_account"]
 def job(tmp_path, rows=40):
     source = tmp_path / "tickets.csv"
     make_tickets(rows, seed=5, style="varied")[["text"]].to_csv(source, index=False)
-    return source, ["--labels", "billing,technical,account", "--model", "twin:tiny-qwen2", "--batch-size", "4",
-                    "--quiet"]
+    return source, [
+        "--labels",
+        "billing,technical,account",
+        "--model",
+        "twin:tiny-qwen2",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ]
 
 
 def classify(args, capsys):
@@ -41,8 +48,13 @@ def same_output(one: Path, two: Path) -> None:
 
 def stop(source, output, options, after, launcher=(sys.executable,)):
     """Run classify in a new process and SIGKILL it once ``after`` batches have landed (kill_after_batches.py)."""
-    killed = subprocess.run([*launcher, str(KILLER), str(after), "classify", str(source), "--output", str(output),
-                             *options], env=ENV, capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        [*launcher, str(KILLER), str(after), "classify", str(source), "--output", str(output), *options],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode != 0 and not output.exists(), killed.stderr[-2000:]
     return resume.progress_files(output)
 
@@ -82,9 +94,13 @@ def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_p
     (path,) = stop(source, stopped, options, 1)
     kept = path.read_bytes()
     for flag, value, expected in (
-            ("--labels", "billing,technical,account,refund",
-             "the labels changed (were billing,technical,account, now billing,technical,account,refund)"),
-            ("--model", "twin:tiny-llama", "the model changed (was 'twin:tiny-qwen2', now 'twin:tiny-llama')")):
+        (
+            "--labels",
+            "billing,technical,account,refund",
+            "the labels changed (were billing,technical,account, now billing,technical,account,refund)",
+        ),
+        ("--model", "twin:tiny-llama", "the model changed (was 'twin:tiny-qwen2', now 'twin:tiny-llama')"),
+    ):
         changed = [*options]
         changed[changed.index(flag) + 1] = value
         code, err = classify([str(source), "--output", str(stopped), *changed], capsys)

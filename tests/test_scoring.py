@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from helpers.data import LABELS, build_prompt
-from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
 from helpers.checks import agreement, assert_agrees
+from helpers.data import LABELS, build_prompt
 from helpers.generation import parse_label
+from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
 
 from .conftest import prompts_for
 
@@ -90,7 +90,9 @@ def test_several_multi_token_labels_are_scored_together(any_model, tickets):
 
 def test_scores_make_probabilities_and_a_frame(tiny_llama, tickets):
     model, tokenizer, _ = tiny_llama
-    result = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"][:4]), progress=False)
+    result = score_one_by_one(
+        model, tokenizer, LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"][:4]), progress=False
+    )
     assert torch.allclose(result.probabilities.sum(-1), torch.ones(4))
     frame = result.to_frame()
     assert list(frame.columns) == ["predicted_label", "confidence", "p_billing", "p_technical", "p_account"]
@@ -213,8 +215,13 @@ def test_wilson_interval_edges_stay_in_zero_one_without_collapsing():
 def test_wilson_interval_refuses_bad_counts_in_one_line():
     from helpers.checks import wilson_interval
 
-    for args, message in (((0, 0), "n=0"), ((3, -1), "n=-1"), ((11, 10), "successes=11"), ((-1, 10), "successes=-1"),
-                          ((5, 10, 0), "z=0")):
+    for args, message in (
+        ((0, 0), "n=0"),
+        ((3, -1), "n=-1"),
+        ((11, 10), "successes=11"),
+        ((-1, 10), "successes=-1"),
+        ((5, 10, 0), "z=0"),
+    ):
         with pytest.raises(ValueError, match=message) as error:
             wilson_interval(*args)
         assert "\n" not in str(error.value)
@@ -273,11 +280,12 @@ def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    import pandas as pd
     from types import SimpleNamespace
 
-    from helpers.plots import plot_accuracy_intervals
+    import pandas as pd
+
     from helpers.checks import wilson_interval
+    from helpers.plots import plot_accuracy_intervals
 
     rows = []
     for name, correct in (("0 shots", 30), ("6 shots", 70)):

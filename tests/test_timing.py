@@ -21,8 +21,23 @@ def test_compare_warms_up_each_then_alternates_the_order_of_the_rounds():
     order = []
     calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
     timings = compare(calls, "cpu", repeats=3, warmup=2)
-    assert order == ["a", "a", "b", "b", "c", "c",  # warm-ups
-                     "a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert order == [
+        "a",
+        "a",
+        "b",
+        "b",
+        "c",
+        "c",  # warm-ups
+        "a",
+        "b",
+        "c",
+        "c",
+        "b",
+        "a",
+        "a",
+        "b",
+        "c",
+    ]
     assert [len(t.seconds) for t in timings.values()] == [3, 3, 3] and list(timings) == ["a", "b", "c"]
     with pytest.raises(ValueError, match="nothing to time"):
         compare({}, "cpu")

@@ -11,15 +11,19 @@ import re
 import pandas as pd
 import pytest
 
-from helpers.data import build_prompt
-from helpers.scoring import LabelScorer, end_of_answer_ids, end_of_answer_text, extending_pairs, score_one_by_one
-from helpers.labels import extending_pair
 from helpers.checks import mcnemar_exact
+from helpers.data import build_prompt
+from helpers.labels import extending_pair
+from helpers.scoring import LabelScorer, end_of_answer_ids, end_of_answer_text, extending_pairs, score_one_by_one
 
 EXTENDING = ["account", "account change", "billing"]
 # The tickets of the issue: three ask to change something on the account.
-CHANGE_TICKETS = ["Please change the email address on my account", "I want to change my account password and username",
-                  "I was charged twice", "How do I change my account settings?"]
+CHANGE_TICKETS = [
+    "Please change the email address on my account",
+    "I want to change my account password and username",
+    "I was charged twice",
+    "How do I change my account settings?",
+]
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -57,7 +61,7 @@ def test_whole_answers_are_chosen_when_a_label_extends_another_and_on_request(em
     plain = LabelScorer(tokenizer, ["billing", "technical", "account"])
     assert not plain.complete and plain.token_ids == plain.label_ids and plain.overlaps == []
     asked = LabelScorer(tokenizer, ["billing", "technical", "account"], complete=True)
-    assert asked.complete and all(ids[-len(end):] == end for ids in asked.token_ids)
+    assert asked.complete and all(ids[-len(end) :] == end for ids in asked.token_ids)
     assert "whole answers" in asked.describe()
     with pytest.raises(ValueError, match="use method='sequence'"):
         LabelScorer(tokenizer, EXTENDING, method="first_token")
@@ -69,8 +73,9 @@ def test_as_answer_prefixes_the_longer_label_never_wins_and_as_whole_answers_it_
     model, tokenizer, _ = embedded
     texts = [*CHANGE_TICKETS, *tickets["text"][:3]]
     prompts = [build_prompt(tokenizer, text, EXTENDING) for text in texts]
-    prefixes = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, EXTENDING, complete=False), prompts,
-                                progress=False)
+    prefixes = score_one_by_one(
+        model, tokenizer, LabelScorer(tokenizer, EXTENDING, complete=False), prompts, progress=False
+    )
     # log p("account change") = log p("account") + log p(" change" | ...): never above, on any ticket.
     assert (prefixes.log_scores[:, 1] < prefixes.log_scores[:, 0]).all()
     assert "account change" not in prefixes.predictions
@@ -83,7 +88,9 @@ def test_as_answer_prefixes_the_longer_label_never_wins_and_as_whole_answers_it_
 def test_a_template_without_an_end_marker_refuses_labels_only_it_could_tell_apart(fresh_tokenizer):
     tokenizer = fresh_tokenizer
     tokenizer.chat_template = PLAIN_TEMPLATE
-    with pytest.raises(ValueError, match=re.escape("label 'account change' starts with all of 'account''s tokens")) as error:
+    with pytest.raises(
+        ValueError, match=re.escape("label 'account change' starts with all of 'account''s tokens")
+    ) as error:
         LabelScorer(tokenizer, EXTENDING)
     assert "\n" not in str(error.value) and "marks no end of an answer" in str(error.value)
     with pytest.raises(ValueError, match="whole answers need an end-of-answer marker"):
@@ -129,8 +136,21 @@ def test_the_issue_command_can_return_the_longer_label(tmp_path, capsys):
 
     source, out = tmp_path / "ac.csv", tmp_path / "ac.out.csv"
     source.write_text("text\n" + "\n".join(CHANGE_TICKETS) + "\n")
-    code = main(["classify", str(source), "--labels", ",".join(EXTENDING), "--output", str(out),
-                 "--model", "embedded", "--verify", "4", "--quiet"])
+    code = main(
+        [
+            "classify",
+            str(source),
+            "--labels",
+            ",".join(EXTENDING),
+            "--output",
+            str(out),
+            "--model",
+            "embedded",
+            "--verify",
+            "4",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     assert "scoring whole answers" in err and "verified 4 random rows" in err
