@@ -81,6 +81,23 @@ class Row:
     scores: LabelScores | None = None
     plan_padding: float = 0.0
 
+    @classmethod
+    def plan(cls, name: str, batch_size: int, lengths: Sequence[int], sample: list[int], prefix_length: int = 0) -> Row:
+        """A row of strategy ``name`` (``STRATEGIES``) at ``batch_size``, to time on ``sample`` of ``lengths``: its
+        scale to the whole plan (``scale_to_plan``) and the plan's padding, planned after a cached prefix of
+        ``prefix_length`` tokens where the strategy uses it. Notebook 04, section 2."""
+        strategy, uses_prefix = STRATEGIES[name]
+        planned = row_lengths(lengths, uses_prefix, prefix_length)
+        padding = padding_report(planned, plan_batches(planned, strategy, batch_size)).padding_fraction
+        return cls(
+            name,
+            batch_size,
+            len(lengths),
+            scale_to_plan(planned, sample, strategy, batch_size),
+            sample,
+            plan_padding=padding,
+        )
+
     @property
     def items_per_s(self) -> float:
         """The whole plan's tickets per second, from the median repeat."""
@@ -203,16 +220,7 @@ def run_benchmark(
             reference = score_one_by_one(model, tokenizer, scorer, timed, desc="reference", progress=progress)
         found, failed = {}, []
         for name, size in rows:
-            strategy, uses_prefix = STRATEGIES[name]
-            planned = row_lengths(lengths, uses_prefix, cache.length)
-            found[name, size] = Row(
-                name,
-                size,
-                n,
-                scale_to_plan(planned, sample, strategy, size),
-                sample,
-                plan_padding=padding_report(planned, plan_batches(planned, strategy, size)).padding_fraction,
-            )
+            found[name, size] = Row.plan(name, size, lengths, sample, cache.length)
 
         def run(key):
             strategy, uses_prefix = STRATEGIES[key[0]]
