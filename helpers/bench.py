@@ -277,5 +277,7 @@ def padding_by_strategy(tokenizer, n: int = POOL, batch_size: int = 32, shots: i
         report = padding_report(lengths, plan_batches(lengths, strategy, batch_size, budget))
         rows.append({"strategy": strategy, "padding_fraction": report.padding_fraction})
     frame = pd.DataFrame(rows)
-    frame.attrs.update(prompts=f"{shots}-shot", batch_size=batch_size, token_budget=budget, n=n)
+    frame.attrs.update(
+        prompts=f"{shots}-shot" if shots else "zero-shot", batch_size=batch_size, token_budget=budget, n=n
+    )
     return frame
