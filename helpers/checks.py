@@ -30,8 +30,8 @@ LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
 @dataclass(frozen=True)
 class Tolerance:
     """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical,
-    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``. Notebook
-    01, section 4."""
+    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``.
+    Notebook 01, section 4."""
 
     dtype: str
     atol: float

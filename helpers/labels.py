@@ -84,8 +84,8 @@ def extending_pair(
     extensions: Sequence[str] = EXTENSIONS,
 ) -> tuple[str, str] | None:
     """Two labels, the second the first plus a word, whose tokens start with all of the first's tokens with this
-    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None. Notebook
-    01, Going deeper."""
+    tokenizer (``("account", "account change")`` for most): the first such pair in the given order, or None.
+    Notebook 01, Going deeper."""
     for base in bases:
         for extension in extensions:
             longer = base + extension
