@@ -1,7 +1,6 @@
-"""The setup cell at the top of every lesson and solutions notebook (``SETUP_CELL``, written here and nowhere else: a
-test fails when a notebook's copy differs): a fresh kernel (Colab, Kaggle, a plain Jupyter) installs the course by
-itself. ``python -m helpers setup-cells --source git+https://github.com/ORG/REPO`` writes an instructor's address
-into every notebook."""
+"""The setup cell at the top of every lesson and solutions notebook (``SETUP_CELL``, written here only: a test fails
+where a notebook's copy differs): a fresh kernel (Colab, Kaggle, a plain Jupyter) installs the course by itself.
+``python -m helpers setup-cells --source git+https://github.com/ORG/REPO`` writes an instructor's address into each."""
 
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ def current_source(path: Path) -> str:
 
 
 def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[Path]:
-    """Put ``setup_cell(source)`` into every notebook as its first code cell (``source=None``: each notebook's
-    current address). Returns the notebooks that changed."""
+    """Make ``setup_cell(source)`` each notebook's first code cell (None: keep its address); returns those changed."""
     nbformat = notebook_format()
     changed = []
     for path in notebooks:
@@ -78,9 +76,8 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
         if cell is not None:
             notebook.cells.remove(cell)
         first_code = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "code"), len(notebook.cells))
-        new = nbformat.v4.new_code_cell(wanted, metadata={"tags": [CELL_TAG]})
-        new.id = f"{path.stem[:2]}-setup"
-        notebook.cells.insert(first_code, new)
+        notebook.cells.insert(first_code, nbformat.v4.new_code_cell(wanted, metadata={"tags": [CELL_TAG]}))
+        notebook.cells[first_code].id = f"{path.stem[:2]}-setup"
         nbformat.write(notebook, path)
         changed.append(path)
     return changed
@@ -91,6 +88,7 @@ def add_parser(commands) -> None:
     where = "where a fresh Colab/Kaggle kernel installs the course from, e.g. git+https://github.com/ORG/REPO"
     parser.add_argument("--source", default=None, help=f"{where} (default: keep each notebook's current one)")
     parser.add_argument("--root", default=".", help="the course folder (default: the working directory)")
+    parser.set_defaults(run=run)
 
 
 def run(args) -> int:

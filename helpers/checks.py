@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 
 from .scoring import LabelScores
@@ -125,26 +124,6 @@ def assert_agrees(
     return stats
 
 
-def coverage_curve(confidence, correct, thresholds=None) -> pd.DataFrame:
-    """Route tickets below a confidence threshold to a human: coverage and accuracy of the rest. Notebook 01, section
-    5."""
-    confidence, correct = np.asarray(confidence), np.asarray(correct, dtype=bool)
-    if thresholds is None:
-        thresholds = np.unique(np.concatenate([[0.0], confidence]))
-    rows = []
-    for threshold in thresholds:
-        kept = confidence >= threshold
-        rows.append(
-            {
-                "threshold": float(threshold),
-                "coverage": kept.mean(),
-                "accuracy": correct[kept].mean() if kept.any() else np.nan,
-                "to_human": int((~kept).sum()),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a proportion, ``successes`` out of ``n`` (95 % with the default ``z``).
 
@@ -174,7 +153,7 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     as this by chance. Items both got right or both got wrong say nothing about which is better, so they are not
     arguments: pass the two discordant counts. A paired test: unlike comparing two intervals, it uses the fact that
     both were scored on the same tickets.
-    Notebook 01, section 6.
+    Notebook 01, Going deeper.
     """
     for name, value in (("only_first", only_first), ("only_second", only_second)):
         if value < 0 or int(value) != value:
@@ -184,22 +163,3 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
-
-
-def paired_verdict(name_a: str, correct_a, name_b: str, correct_b, alpha: float = 0.05) -> dict:
-    """Two classifiers scored on the same tickets, compared by McNemar's exact test: the tickets only one of them
-    got right (``only_a``, ``only_b``), the p-value, and a one-line ``verdict`` that names a winner only when
-    p < ``alpha``. ``correct_a`` and ``correct_b``: per ticket, right or wrong, in the same ticket order. Notebook 01,
-    section 6."""
-    a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"{name_a} and {name_b} must be scored on the same tickets: got {a.shape} and {b.shape}")
-    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
-    p = mcnemar_exact(only_a, only_b)
-    counts = f"{only_a} ticket(s) only {name_a} got right, {only_b} only {name_b}; McNemar's exact p = {p:.3f}"
-    if p < alpha:
-        better, worse = (name_a, name_b) if only_a > only_b else (name_b, name_a)
-        verdict = f"{better} beat {worse} beyond chance on these {len(a)} tickets ({counts})"
-    else:
-        verdict = f"{name_a} and {name_b} are not distinguishable on these {len(a)} tickets ({counts})"
-    return {"only_a": only_a, "only_b": only_b, "p": p, "significant": p < alpha, "verdict": verdict}

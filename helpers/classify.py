@@ -1,9 +1,6 @@
 """Classify your own CSV or JSONL file: ``classify_file`` and ``python -m helpers classify`` (real use, after 01-03).
-
-Every input row comes out once, in input order, with ``predicted_label``, ``confidence`` and a ``p_<label>`` column
-per label, scored on the fastest verified path (prefix cache, length-sorted batches), resumable (``helpers.resume``),
-in several processes under ``torchrun`` or ``accelerate launch`` (rank 0 writes; a failure anywhere stops them all).
-"""
+Every row comes out once, in input order, with its prediction columns, scored on the fastest verified path, resumable
+(``helpers.resume``), in several processes under ``torchrun`` or ``accelerate launch`` (rank 0 writes)."""
 
 from __future__ import annotations
 
@@ -70,15 +67,8 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
     return prompts, cut
 
 
-def context_length(model, tokenizer) -> int:
-    """The model's context in tokens (tokenizers report a huge sentinel when they do not know)."""
-    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
-    return int(min(limit for limit in limits if limit and limit < 1e9))
-
-
 def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0) -> dict:
-    """Re-run ``k`` random rows through the one-at-a-time reference; raise on a disagreement beyond
-    ``tolerance_for(model.dtype)`` (in a half dtype a flip between near-tied labels counts as agreement)."""
+    """Re-run ``k`` random rows one at a time, the reference; raise on a disagreement beyond ``tolerance_for``."""
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
     tolerance, numbers = tolerance_for(model.dtype), [r + 1 for r in rows]
@@ -91,8 +81,7 @@ def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: i
 
 
 def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples: int = 0) -> str | None:
-    """One line when predictions collapse onto one label (a zero-shot small model often does), else None.
-    ``examples``: how many few-shot examples the run had; the advice differs with and without them."""
+    """One line when predictions collapse onto one label (a zero-shot small model often does), else None."""
     counts = Counter(predictions)
     if len(predictions) < COLLAPSE_MIN_ROWS or counts.most_common(1)[0][1] < COLLAPSE_SHARE * len(predictions):
         return None
@@ -180,14 +169,10 @@ def classify_file(
     device: str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> ClassifyResult:
-    """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``.
-
-    Order of work: every check that needs no model, the labels as tokens (the tokenizer alone), the model, this
-    process's share of the rows, then on rank 0 verification and the atomic write. ``say`` gets the messages for a
-    person (default: stderr), from rank 0 only. ``device``: "cpu", "cuda", "mps" or "auto" (CUDA, then MPS, then the
-    CPU); None reads ``$SLM_DEVICE``, else auto. ``whole_answers``: score each label followed by the end-of-answer
-    marker; None does so only where a label's tokens start another's (``account`` / ``account change``).
-    """
+    """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``: every check
+    that needs no model first, then the labels as tokens, the model, this process's share of the rows, and on rank 0
+    verification and the atomic write. ``say`` gets the messages for a person (default: stderr), from rank 0 only.
+    The options are the command's (``python -m helpers classify --help``)."""
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
@@ -209,12 +194,10 @@ def classify_file(
         checked = tables.parse_labels(labels)
         if strategy not in STRATEGIES:
             raise InputError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-        if batch_size < 1:
-            raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-        if token_budget is not None and token_budget < 1:
-            raise InputError(f"--token-budget must be >= 1, got {token_budget}")
-        if verify < 0:
-            raise InputError(f"--verify must be >= 0, got {verify}")
+        floors = {"--batch-size": (batch_size, 1), "--token-budget": (token_budget, 1), "--verify": (verify, 0)}
+        for option, (value, least) in floors.items():
+            if value is not None and value < least:
+                raise InputError(f"{option} must be >= {least}, got {value}")
         output = tables.check_output_path(output_path, overwrite, source=input_path)
         table = tables.read_table(input_path, text_column)
         tables.check_columns(table, checked)
@@ -233,10 +216,8 @@ def classify_file(
     first_tokenizer, scorer = _step(state, label_scorer)
     prompt_format = "chat" if uses_chat_template(first_tokenizer) else "plain"
     scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": truncate}
-    model_and_dtype = (resolve_name(model_name)[0], str(pick_dtype(dtype, run_device)))
-    job = resume.fingerprint(
-        table.path, text_column, checked_labels, *model_and_dtype, examples, prompt_format, scoring
-    )
+    model_dtype = (resolve_name(model_name)[0], str(pick_dtype(dtype, run_device)))
+    job = resume.fingerprint(table.path, text_column, checked_labels, *model_dtype, examples, prompt_format, scoring)
     # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
     # reads every progress file before any appends to its own: _step waits for all of them each time.
     _step(state, lambda: overwrite and main and resume.remove_progress(output, keep=job))
@@ -258,10 +239,11 @@ def classify_file(
         # The labels as the loaded model's tokenizer splits them: token ids must index this model's vocabulary.
         scorer = LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
-        limit, source = context_length(model, tokenizer), str(table.path)
-        prompts, cut = prepare_prompts(
-            tokenizer, table.texts, checked_labels, examples, limit, truncate, source, end_tokens
-        )
+        # The model's context in tokens (tokenizers report a huge sentinel when they do not know).
+        limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+        limit, source = int(min(limit for limit in limits if limit and limit < 1e9)), str(table.path)
+        texts = [record[text_column] for record in table.records]
+        prompts, cut = prepare_prompts(tokenizer, texts, checked_labels, examples, limit, truncate, source, end_tokens)
         prefix = None
         if prefix_cache:
             prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
@@ -292,9 +274,8 @@ def classify_file(
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     gathered = gather_object(shard) if state.num_processes > 1 else shard
-    outcome = ClassifyResult(
-        None, len(table), 0.0, info.name, info.dtype, info.device, state.num_processes, prefix_cache
-    )
+    processes = state.num_processes
+    outcome = ClassifyResult(None, len(table), 0.0, info.name, info.dtype, info.device, processes, prefix_cache)
     outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(gathered)
     if not main:
         outcome.seconds = time.perf_counter() - start
@@ -302,9 +283,7 @@ def classify_file(
     gathered += [(i, row, full) for i, (row, full) in done.items()]
     if sorted(i for i, _, _ in gathered) != list(range(len(table))):
         raise RuntimeError(f"gathered {len(gathered)} results for {len(table)} rows: some rows are missing or doubled")
-    log_scores = torch.zeros((len(table), len(checked_labels)))
-    for i, row, _ in gathered:
-        log_scores[i] = torch.tensor(row)
+    log_scores = torch.tensor([row for _, row, _ in sorted(gathered, key=lambda item: item[0])])
     outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
     if verify:
         stats = outcome.verification = verify_sample(model, tokenizer, scorer, prompts, log_scores, verify)

@@ -1,7 +1,7 @@
-"""The mechanisms drawn from real tensors: generate vs score and the tree mask (notebook 01), the KV cache (02).
+"""The mechanisms drawn from real tensors: generate vs score (notebook 01), the KV cache (02), padded batches (03).
 
-Each function takes what a lesson computed on its model (the passes generation made, the mask the scorer built,
-the cache's keys) and draws it; nothing here runs a model. Titles are computed from the tensors they draw.
+Each function takes what a lesson computed on its model (the passes generation made, the cache's keys, the
+batches) and draws it; nothing here runs a model. Titles are computed from the tensors they draw.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .plots import caption, finish, set_title
+from .plots import finish, set_title
 
 SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
 
@@ -23,7 +23,7 @@ BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 def plot_generate_vs_score(
     steps,
     label_probs: dict[str, float],
-    caption_text: str,
+    info,
     path="generate_vs_score.png",
     title: str | None = None,
     answer: str | None = None,
@@ -78,55 +78,10 @@ def plot_generate_vs_score(
             f"{max(probs):.0%})"
         )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
-    return fig, finish(fig, caption_text, path)
+    return fig, finish(fig, info, path)
 
 
-def plot_tree_mask(
-    allowed, key_names, caption_text: str, branch_of=None, path="tree_mask.png", title: str | None = None, labels=None
-):
-    """One row's attention: which keys (columns) each query (rows: the last ``len(allowed)`` keys) may see.
-
-    ``allowed``: (queries, keys) booleans; ``key_names``: a token per key. ``branch_of``: per key, the label branch
-    it belongs to (-1: the prompt), so each branch gets its own colour; masked cells are white. ``labels``: the
-    label set, so the legend names each branch's label (``branch_of`` then holds label indices)."""
-    allowed = np.asarray(allowed, dtype=bool)
-    queries, keys = allowed.shape
-    branch_of = np.full(keys, -1) if branch_of is None else np.asarray(branch_of)
-    if len(key_names) != keys or len(branch_of) != keys:
-        raise ValueError(f"{keys} keys, but {len(key_names)} names and {len(branch_of)} branch entries")
-    branches = [b for b in dict.fromkeys(branch_of.tolist()) if b >= 0]
-    palette = {-1: SEGMENT_COLOURS["ticket"], **{b: f"C{2 + i}" for i, b in enumerate(branches)}}
-    picture = np.ones((queries, keys, 3))
-    for j in range(keys):
-        colour = plt.matplotlib.colors.to_rgb(palette[int(branch_of[j])])
-        picture[allowed[:, j], j] = colour
-    fig, ax = plt.subplots(figsize=(0.42 * keys + 2.5, 0.42 * queries + 2.2))
-    ax.imshow(picture, aspect="equal", interpolation="nearest")
-    ax.set_xticks(range(keys), key_names, rotation=90, fontsize=8)
-    ax.set_yticks(range(queries), key_names[keys - queries :], fontsize=8)
-    ax.set_xticks(np.arange(-0.5, keys), minor=True)
-    ax.set_yticks(np.arange(-0.5, queries), minor=True)
-    ax.grid(which="minor", color="0.85", linewidth=0.5)
-    ax.tick_params(which="minor", length=0)
-    ax.set_xlabel("keys: the prompt's last tokens, then each label branch (white: masked)")
-    ax.set_ylabel("queries")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[-1])] + [
-        plt.Rectangle((0, 0), 1, 1, color=palette[b]) for b in branches
-    ]
-    names = ["prompt"] + [
-        f"{labels[b]!r}" if labels is not None else f"label branch {k + 1}" for k, b in enumerate(branches)
-    ]
-    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    if title is None:
-        title = (
-            f"A tree mask: {len(branches)} label branches each see the whole prompt and their own tokens, "
-            "never another branch"
-        )
-    set_title(ax, title)
-    return fig, finish(fig, caption_text, path)
-
-
-def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str | None = None):
+def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None):
     """What a KV cache holds, step by step: one panel per snapshot, the keys of one layer and key/value head as an
     image (rows: token positions, columns: the head's dimensions), with a strip that says what each row is.
 
@@ -176,10 +131,10 @@ def plot_kv_cache(snapshots, caption_text: str, path="kv_cache.png", title: str 
             "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)"
         )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
-    return fig, finish(fig, caption_text, path)
+    return fig, finish(fig, info, path)
 
 
-def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_batches.png", title: str | None = None):
+def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png", title: str | None = None):
     """Each plan's batches as rectangles, in the order they run: a row per ticket, real tokens coloured, the
     left padding grey (what a padded batch computes for nothing). One panel per plan, same scale."""
     from .batching import padding_report
@@ -206,77 +161,7 @@ def plot_padded_batches(lengths, plans: dict, caption_text: str, path="padded_ba
         (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
         title = f"Padded batches: {a} {pa:.0%} padding, {b} {pb:.0%}"
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
-    return fig, finish(fig, caption_text, path)
-
-
-def plot_batch_attention(
-    mask,
-    seen,
-    tail: int,
-    past_length: int,
-    caption_text: str,
-    row: int | None = None,
-    path="batch_attention.png",
-    title: str | None = None,
-):
-    """A left-padded batch on top of a cached prefix. Left: every row's keys coloured by what they are (prefix,
-    padding, ticket, label tokens). Right: for one row, which keys each of its queries sees (``seen`` from
-    ``helpers.scoring.visible_keys``), coloured by the key's kind; white is masked."""
-    import numpy as np
-    from matplotlib.colors import ListedColormap
-
-    names = list(SEGMENT_COLOURS)
-    batch, width = mask.shape
-    kinds = np.zeros((batch, past_length + width), dtype=int)  # 0 prefix
-    kinds[:, past_length:] = np.where(mask.numpy() == 1, 2, 1)  # 2 ticket, 1 padding
-    if tail:
-        kinds[:, past_length + width - tail :] = 3
-    cmap = ListedColormap([SEGMENT_COLOURS[n] for n in names] + ["white"])
-    if row is None:
-        row = int((mask == 0).sum(-1).argmax())  # the most padded row shows the most
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
-    left.imshow(kinds, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
-    left.set_xlabel("key positions: the cached prefix, then each row's padded suffix")
-    left.set_ylabel("row of the batch")
-    left.set_yticks(range(batch))
-    left.set_title("what each row holds", fontsize=9)
-    # The right panel starts a few keys before the prefix ends: the rest of the prefix looks the same.
-    start = max(0, past_length - 12)
-    picture = np.where(seen[row].numpy(), kinds[row][None, :], len(names))[:, start:]
-    right.imshow(
-        picture,
-        aspect="auto",
-        cmap=cmap,
-        vmin=0,
-        vmax=len(names),
-        interpolation="nearest",
-        extent=(start - 0.5, past_length + width - 0.5, width - 0.5, -0.5),
-    )
-    right.set_xlabel(f"keys from position {start} (white: masked)")
-    right.set_ylabel(f"queries of row {row} (its padded suffix)")
-    right.set_title(f"what row {row}'s tokens may attend to", fontsize=9)
-    if tail:
-        for ax, y in ((left, batch - 0.5), (right, width - 0.5)):
-            ax.annotate(
-                f"{tail} label token(s)",
-                (past_length + width - tail, y),
-                xytext=(-20, 25),
-                textcoords="offset points",
-                ha="right",
-                fontsize=8,
-                color="C2",
-                arrowprops={"arrowstyle": "->", "color": "C2"},
-            )
-    handles = [plt.Rectangle((0, 0), 1, 1, color=SEGMENT_COLOURS[n]) for n in names]
-    right.legend(handles, names, loc="upper right", fontsize=8)
-    pads = int((mask[row] == 0).sum())
-    if title is None:
-        title = (
-            f"A left-padded batch of {batch} on a {past_length}-token cached prefix: row {row}'s {pads} padding "
-            f"tokens are seen by no query; the prefix by every one"
-        )
-    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
-    return fig, finish(fig, caption_text, path)
+    return fig, finish(fig, info, path)
 
 
 def plot_prompt_split(
@@ -330,4 +215,4 @@ def plot_prompt_split(
     ax.grid(alpha=0.3, axis="x")
     # Below the axes: inside, it would cover the longest bar.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
-    return fig, finish(fig, caption(info), path)
+    return fig, finish(fig, info, path)

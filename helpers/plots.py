@@ -14,9 +14,8 @@ from .outputs import output_dir
 def caption(info) -> str:
     """The line every figure carries: which model, dtype and device produced it, on which machine."""
     note = " (random weights: timing only)" if getattr(info, "timing_only", False) else ""
-    return (
-        f"{info.name}{note} · {info.dtype} · {info.device}, {threads_text(info.threads)} · {machine_name(info.device)}"
-    )
+    where = f"{info.device}, {threads_text(info.threads)} · {machine_name(info.device)}"
+    return f"{info.name}{note} · {info.dtype} · {where}"
 
 
 def bench_caption(frame) -> str:
@@ -39,9 +38,9 @@ def set_title(ax, text: str, width: float | None = None) -> None:
 
 
 def finish(fig, info, path: str | Path) -> Path:
-    """Add the caption (a ModelInfo or a ready string), tighten the layout, save as PNG (a relative path lands in
-    ``helpers.outputs.output_dir()``: runs/ at the repository root unless told otherwise, never notebooks/)."""
-    text = info if isinstance(info, str) else caption(info)
+    """Add the caption (a ModelInfo, a benchmark's results frame or a ready string), tighten the layout, save as PNG
+    (a relative path lands in ``helpers.outputs.output_dir()``: runs/ at the repository root, never notebooks/)."""
+    text = info if isinstance(info, str) else bench_caption(info) if hasattr(info, "iloc") else caption(info)
     # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
     lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
@@ -51,69 +50,6 @@ def finish(fig, info, path: str | Path) -> Path:
         path = output_dir() / path
     fig.savefig(path, dpi=120)
     return path
-
-
-def _coverage_title(curve, n: int | None = None) -> str:
-    everything = curve.sort_values("coverage").iloc[-1]
-    half = curve.iloc[(curve["coverage"] - 0.5).abs().argsort()].iloc[0]
-    every = f"all {n} tickets" if n else "every ticket"
-    return (
-        f"Accuracy {everything['accuracy']:.0%} on {every}, {half['accuracy']:.0%} on the "
-        f"{half['coverage']:.0%} most confident"
-    )
-
-
-def plot_accuracy_coverage(
-    curve, info, path="accuracy_vs_coverage.png", title: str | None = None, n: int | None = None
-):
-    """Against a rising confidence threshold: the share of tickets kept (coverage) and the accuracy on them, each
-    point labelled with the tickets it keeps.
-
-    With ``n`` (the tickets behind the curve), each accuracy also gets its 95 % Wilson interval, shaded: the fewer
-    tickets a threshold keeps, the less its accuracy says.
-    """
-    from .checks import wilson_interval
-
-    fig, ax = plt.subplots(figsize=(7, 4.3))
-    x = curve["threshold"] * 100
-    ax.plot(x, curve["coverage"] * 100, marker=".", color="0.45", label="coverage: tickets kept (%)")
-    ax.plot(
-        x,
-        curve["accuracy"] * 100,
-        marker="o",
-        color="C0",
-        label="accuracy on the tickets kept (%)" + ("; numbers: tickets kept" if n else ""),
-    )
-    if n:
-        kept = curve.dropna(subset=["accuracy"])
-        counts = (kept["coverage"] * n).round().astype(int)
-        bounds = [wilson_interval(round(acc * k), k) for acc, k in zip(kept["accuracy"], counts)]
-        ax.fill_between(
-            kept["threshold"] * 100,
-            [100 * lo for lo, _ in bounds],
-            [100 * hi for _, hi in bounds],
-            color="C0",
-            alpha=0.15,
-            label="95 % Wilson interval of the accuracy",
-        )
-        for threshold, accuracy, count in zip(kept["threshold"], kept["accuracy"], counts):
-            ax.annotate(
-                str(count),
-                (threshold * 100, accuracy * 100),
-                xytext=(0, 6),
-                textcoords="offset points",
-                ha="center",
-                fontsize=7,
-                color="C0",
-            )
-    ax.set_xlabel("confidence threshold (%): tickets below it go to a person")
-    ax.set_ylabel("%")
-    set_title(ax, title or _coverage_title(curve, n))
-    ax.set_ylim(0, 108)
-    ax.grid(alpha=0.3)
-    # Below the axes: inside, it would cover the points at one end or the other.
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
-    return fig, finish(fig, caption(info), path)
 
 
 def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None):
@@ -231,7 +167,7 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     return fig, finish(fig, bench_caption(frame), path)
 
 
-def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strategy.png", title: str | None = None):
+def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", title: str | None = None):
     """Bar chart: padding fraction of processed tokens for each way of forming batches (``bench.padding_by_strategy``,
     whose ``attrs`` say which prompts and batch size)."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -253,10 +189,10 @@ def plot_padding_by_strategy(padding, caption_text: str, path="padding_by_strate
         f"arbitrary order {share.get('arbitrary', float('nan')):.1%}",
     )
     ax.grid(alpha=0.3, axis="y")
-    return fig, finish(fig, caption_text, path)
+    return fig, finish(fig, info, path)
 
 
-def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: str | None = None):
+def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = None):
     """Horizontal bars: each step's speedup over the one-at-a-time loop."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     spread = None
@@ -287,52 +223,13 @@ def plot_ladder(ladder, caption_text: str, path="technique_ladder.png", title: s
         )
     set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
-    return fig, finish(fig, caption_text, path)
-
-
-def plot_roof_fraction(frame, path="roof_fraction.png", title: str | None = None):
-    """Share of the measured matmul throughput spent on useful work (``helpers.bench`` defines it: the loop's
-    work beyond the cached prefix, attention over the prefix included), best batch size per strategy and dtype."""
-    best = (
-        frame.dropna(subset=["roof_fraction"])
-        .sort_values("roof_fraction")
-        .groupby(["strategy", "dtype"], sort=False)
-        .tail(1)
-    )
-    labels = [f"{STRATEGY_LABELS.get(s, s)}\n{d}" for s, d in zip(best["strategy"], best["dtype"])]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    bars = ax.bar(labels, best["roof_fraction"] * 100, color=["C0" if d == "float32" else "C1" for d in best["dtype"]])
-    ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
-    if "kernel_ceiling" in best and best["kernel_ceiling"].notna().any():
-        # What the row would reach if its forward passes were nothing but their matmul and attention kernels.
-        left = [i - 0.4 for i in range(len(best))]
-        ax.hlines(
-            best["kernel_ceiling"] * 100,
-            left,
-            [x + 0.8 for x in left],
-            color="0.15",
-            lw=2,
-            label="kernel ceiling: its matmul and attention kernels alone",
-        )
-        ax.legend(fontsize=8, loc="upper left")
-        ax.set_ylim(0, max(100 * best[["roof_fraction", "kernel_ceiling"]].max().max() * 1.25, 1))
-    ax.set_ylabel("useful FLOP/s (% of measured matmul roof)")
-    top = best.sort_values("roof_fraction").iloc[-1]
-    set_title(
-        ax,
-        title
-        or f"Useful work: at best {top.roof_fraction:.0%} of the measured matmul roof "
-        f"({STRATEGY_LABELS.get(top['strategy'], top['strategy'])}, {top['dtype']})",
-    )
-    ax.tick_params(axis="x", labelsize=7)
-    ax.grid(alpha=0.3, axis="y")
-    return fig, finish(fig, bench_caption(frame), path)
+    return fig, finish(fig, info, path)
 
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
     """The machine profile's two prefill curves against tokens per forward call: one sequence of n tokens, and
     batches of ``profile.batch_row_tokens``-token rows (about a median ticket each); one median ticket and ``rows``
-    of them in one call marked; the decode step (one new token per row) at batch 1 and 32 for comparison."""
+    of them in one call marked."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     tokens, rates = zip(*sorted(profile.prefill))
     ax.plot(tokens, rates, marker="o", color="C0", label="one sequence of n tokens per call (attention grows with n)")
@@ -356,15 +253,6 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
                 textcoords="offset points",
                 ha="center",
             )
-    decode = sorted(profile.decode.items())
-    ax.plot(
-        [b for b, _ in decode],
-        [r for _, r in decode],
-        marker="s",
-        ls="--",
-        color="C3",
-        label=f"decode step: n rows x 1 new token ({profile.decode_context} cached)",
-    )
     alone = profile.tokens_per_s(median)
     ax.axvline(median, color="C1", lw=1, ls=":", label=f"one median ticket: {median} tokens, {alone:.0f}/s alone")
     together = profile.batched_tokens_per_s(rows)  # rows of about a median ticket each

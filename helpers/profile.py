@@ -1,6 +1,6 @@
 """The machine profile: what this device and model do per second, measured (notebook 00; 03 reads it).
 
-Four measurements, made once and cached (in the process and on disk, keyed by machine, torch version, model,
+Three measurements, made once and cached (in the process and on disk, keyed by machine, torch version, model,
 dtype, device and threads), so later notebooks read the one notebook 00 measured:
 
 - **matmul throughput** per dtype worth trying on the device (float32 and bfloat16 on a CPU; float16, and bfloat16
@@ -10,8 +10,7 @@ dtype, device and threads), so later notebooks read the one notebook 00 measured
   one ticket already keeps the hardware busy;
 - **batched rows**: tokens/s of 1, 2, 4, ... rows of a median ticket's length in one call: what batching changes.
   A single long sequence is not the same work as a batch of short rows (its tokens attend to all earlier ones),
-  so the first curve underestimates what batching short rows can gain; this one measures it;
-- **one decode step** (one new token per row over a cached context) at batch 1 and 32: generation's regime.
+  so the first curve underestimates what batching short rows can gain; this one measures it.
 
 These are curves a lesson reads ("can batching pay here?"), not a price list: every speed a lesson reports is
 timed on the job itself.
@@ -35,13 +34,11 @@ from torch.utils import benchmark
 from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, machine_name, threads_text
 from .timing import Stopwatch
 
-PROFILE_VERSION = 7  # 7: the roof from torch.utils.benchmark; no cost model
+PROFILE_VERSION = 8  # 7: the roof from torch.utils.benchmark; no cost model. 8: no decode step
 SLOW_DTYPE_RATIO = 0.5  # a half dtype whose matmul runs below this share of float32's is not worth running
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_ROW_TOKENS = 96  # about a median ticket's prompt (the article's median is 94 with Qwen's tokenizer)
-DECODE_BATCHES = (1, 32)
-DECODE_CONTEXT = 128  # cached tokens each decoded row attends to (about one ticket's prompt)
 MAX_CALL_S = 1.5  # a curve stops after a call this slow: it is flat long before
 _MEMORY: dict[str, MachineProfile] = {}
 
@@ -139,36 +136,6 @@ def batched_curve(model, row_tokens: int = BATCH_ROW_TOKENS) -> list[tuple[int, 
     return _rate_curve(model, BATCH_ROWS, rows, least=32 if model.device.type == "cpu" else 256)
 
 
-@torch.inference_mode()
-def decode_step_tokens_per_s(model, batch: int, context: int = DECODE_CONTEXT) -> float:
-    """Tokens/s of one decode step: one new token per row, attending to ``context`` cached tokens."""
-    from transformers import DynamicCache
-
-    config, device = model.config, model.device
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    generator = torch.Generator().manual_seed(0)
-    # What the cache holds does not change the time: random keys and values of the right shape.
-    layers = [
-        tuple(
-            torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, model.dtype)
-            for _ in range(2)
-        )
-        for _ in range(config.num_hidden_layers)
-    ]
-    cache = DynamicCache(ddp_cache_data=layers, config=config)
-    ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
-    mask = torch.ones((batch, context + 1), dtype=torch.long, device=device)
-    positions = torch.full((batch, 1), context, device=device)
-
-    def step():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
-        cache.crop(-1)  # back to the context, for the next timed step
-
-    return batch / _time_call(step, device)
-
-
 def half_precision_finite(model, dtype: str) -> bool:
     """Whether a copy of ``model`` in ``dtype`` gives finite logits: a dtype that overflows is never worth running."""
     half = copy.deepcopy(model).to(getattr(torch, dtype))
@@ -191,10 +158,8 @@ class MachineProfile:
     threads: int
     matmul_gflops: dict[str, float]
     prefill: list[tuple[int, float]]
-    decode: dict[int, float]
     batched: list[tuple[int, float]] = field(default_factory=list)  # (rows per call, tokens/s)
     batch_row_tokens: int = BATCH_ROW_TOKENS
-    decode_context: int = DECODE_CONTEXT
     measured_s: float = 0.0
     measured_on: str = ""
     finite: dict[str, bool] = field(default_factory=dict)  # half dtype -> a probe forward gave finite logits
@@ -265,7 +230,6 @@ class MachineProfile:
                 "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
                 f"batched rows of {self.batch_row_tokens} tokens: "
                 + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
-                "decode step: " + ", ".join(f"batch {b} {rate:.0f} tok/s" for b, rate in sorted(self.decode.items())),
             ]
         )
 
@@ -274,7 +238,6 @@ class MachineProfile:
         data = dict(data)
         data["prefill"] = [tuple(point) for point in data["prefill"]]
         data["batched"] = [tuple(point) for point in data.get("batched", [])]
-        data["decode"] = {int(batch): rate for batch, rate in data["decode"].items()}
         return cls(**data)
 
 
@@ -328,7 +291,6 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
         threads=torch.get_num_threads(),
         matmul_gflops=matmul,
         prefill=prefill_curve(model),
-        decode={batch: decode_step_tokens_per_s(model, batch) for batch in DECODE_BATCHES},
         batched=batched_curve(model),
         finite=finite,
         measured_s=time.perf_counter() - start,

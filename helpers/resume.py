@@ -1,10 +1,6 @@
-"""A long ``python -m helpers classify`` survives being stopped: results land as they are computed, a rerun resumes.
-
-Each process appends every finished batch's rows to its own progress file beside the output, flushed: a first line
-with the job's fingerprint, then one line per row, ``{"row": i, "scores": [...], "full": false}`` (``full``: run
-without the prefix cache). A rerun of the same job scores only the rows missing from all of them (a line torn by a
-kill is dropped); another job's files are refused in one line naming what changed. At the end they are removed.
-"""
+"""A long ``python -m helpers classify`` survives being stopped: each process appends every finished batch's rows to
+its own progress file beside the output (the job's fingerprint, then ``{"row": i, "scores": [...], "full": false}``
+per row); a rerun of the same job scores only the rows missing from all of them, another job's files are refused."""
 
 from __future__ import annotations
 
@@ -32,15 +28,11 @@ class ResumeMismatch(ValueError):
 
 
 def fingerprint(input_path: Path, *fields) -> dict:
-    """What decides a job's results: the input file's digest, then ``fields`` in ``FIELDS`` order (text column,
-    labels, model, dtype, few-shot examples, prompt format, scoring options). Batch size, strategy, the prefix cache
-    and the number of processes are left out: they change a score within the agreement tolerance, never which rows
-    there are. As it reads back from a file (tuples become lists)."""
-    digest = hashlib.sha256()
-    with open(input_path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    shown = json.loads(json.dumps(dict(zip(FIELDS, [digest.hexdigest(), *fields], strict=True))))
+    """What decides a job's results: the input file's digest, then ``fields`` in ``FIELDS`` order, as it reads back
+    from a file. Batch size, strategy, the prefix cache and the process count are left out: they change a score
+    within the agreement tolerance, never which rows there are."""
+    digest = hashlib.sha256(Path(input_path).read_bytes()).hexdigest()  # the rows are all in memory anyway
+    shown = json.loads(json.dumps(dict(zip(FIELDS, [digest, *fields], strict=True))))
     shown["examples"] = hashlib.sha256(json.dumps(shown["examples"]).encode()).hexdigest()
     return shown
 
@@ -70,8 +62,7 @@ def _changed(was: dict, now: dict) -> str:
 
 
 def read_progress(output: Path, expected: dict) -> dict[int, tuple[list[float], bool]]:
-    """Rows already scored for this job, from every progress file of ``output``: row -> (log-scores, full).
-    Raises ``ResumeMismatch`` for a file of another job, leaving every file untouched."""
+    """Rows already scored for this job: row -> (log-scores, full); ``ResumeMismatch`` for another job's file."""
     done = {}
     for path in progress_files(output):
         lines = _complete_lines(path)
@@ -107,11 +98,8 @@ class ProgressWriter:
         self.handle = open(self.path, "a", encoding="utf-8")
 
     def append(self, rows: Sequence[int], log_scores, full: bool) -> None:
-        lines = [
-            {"row": int(row), "scores": [float(v) for v in row_scores], "full": full}
-            for row, row_scores in zip(rows, log_scores)
-        ]
-        self.handle.write("".join(json.dumps(line) + "\n" for line in lines))
+        for row, scores in zip(rows, log_scores):
+            self.handle.write(json.dumps({"row": int(row), "scores": [float(v) for v in scores], "full": full}) + "\n")
         self.handle.flush()  # in the operating system's hands: a killed process loses nothing it wrote
 
     def close(self) -> None:

@@ -259,6 +259,14 @@ class LabelScores:
     def __len__(self) -> int:
         return len(self.log_scores)
 
+    def __getitem__(self, rows) -> LabelScores:
+        """The scores of some rows, in the order given: ``scores[:2]`` (the first two tickets, to check against the
+        loop) or ``scores[[4, 0]]``. A single row is a one-row ``LabelScores`` too: ``scores[[i]]``."""
+        if isinstance(rows, (int, np.integer)):
+            raise TypeError(f"index LabelScores with a slice or a list of rows (scores[[{rows}]]), not one number")
+        index = rows if isinstance(rows, slice) else torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        return LabelScores(self.labels, self.log_scores[index])
+
 
 def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token rows to one length: the last real token of every row sits at index -1. Notebook 03, section 3."""
@@ -386,21 +394,23 @@ def score_one_by_one(
 
 
 @torch.inference_mode()
-def label_log_probs_slow(model, tokenizer, scorer: LabelScorer, prompt: str) -> torch.Tensor:
+def score_the_slow_way(model, tokenizer, scorer: LabelScorer, prompts: Sequence[str]) -> LabelScores:
     """The slow way, for checks: one full forward per label over prompt + label, no cache, no batching, no branches.
 
-    Returns (n_labels,) summed label log-probs (length-normalised if the scorer is). Only the label's positions go
+    Summed label log-probs (length-normalised if the scorer is), one row per prompt. Only the label's positions go
     through the output layer (the prompt's last and the label's own, the very last one unused): the rest of a
-    prompt-length x vocabulary logits tensor would be computed for nothing.
-    Notebook 01, section 3.
+    prompt-length x vocabulary logits tensor would be computed for nothing. Notebook 01, section 3.
     """
-    prompt_ids = encode_prompt(tokenizer, prompt)
-    scores = []
-    for ids in scorer.token_ids:
-        full = torch.tensor([prompt_ids + ids], device=model.device)
-        # The token at position p is predicted by the logits at p - 1: keep positions len(prompt) - 1 onwards.
-        logits = model(input_ids=full, logits_to_keep=len(ids) + 1).logits[0, : len(ids)]
-        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        score = sum(logp[k, token].item() for k, token in enumerate(ids))
-        scores.append(score / len(ids) if scorer.normalize else score)
-    return torch.tensor(scores)
+    rows = []
+    for prompt in prompts:
+        prompt_ids = encode_prompt(tokenizer, prompt)
+        scores = []
+        for ids in scorer.token_ids:
+            full = torch.tensor([prompt_ids + ids], device=model.device)
+            # The token at position p is predicted by the logits at p - 1: keep positions len(prompt) - 1 onwards.
+            logits = model(input_ids=full, logits_to_keep=len(ids) + 1).logits[0, : len(ids)]
+            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+            score = sum(logp[k, token].item() for k, token in enumerate(ids))
+            scores.append(score / len(ids) if scorer.normalize else score)
+        rows.append(scores)
+    return LabelScores(scorer.labels, torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(scorer.labels)))

@@ -42,10 +42,6 @@ class Table:
     records: list[dict[str, Any]]
     text_column: str
 
-    @property
-    def texts(self) -> list[str]:
-        return [record[self.text_column] for record in self.records]
-
     def __len__(self) -> int:
         return len(self.records)
 
@@ -161,8 +157,7 @@ def check_output_path(path: str | Path, overwrite: bool, source: str | Path | No
 
 
 def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
-    """Write through a temporary file in the same folder, then rename it over ``path`` (atomic on one file system):
-    a run stopped midway (an error, Ctrl-C) leaves no partial output, and an existing file untouched."""
+    """Write through a temporary file in the same folder, then rename it over ``path``: never a partial output."""
     handle = tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", newline="", dir=path.parent, prefix=f".{path.name}.", suffix=".part", delete=False
     )

@@ -45,20 +45,6 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
-def best_seconds(call: Callable[[], object], device: torch.device | str | None, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` synchronised runs of ``call`` after one untimed warm-up (first calls allocate
-    memory and pick kernels). The minimum, because noise on a quiet machine only ever adds time."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    call()
-    times = []
-    for _ in range(repeats):
-        with Stopwatch(device) as clock:
-            call()
-        times.append(clock.seconds)
-    return min(times)
-
-
 @dataclass
 class Timing:
     """Several synchronised runs of one thing: ``median`` is the figure to quote, ``low``-``high`` its spread;

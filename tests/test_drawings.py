@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers.data import build_prompt, encode_prompt
-from helpers.drawings import plot_generate_vs_score, plot_kv_cache, plot_tree_mask
+from helpers.drawings import plot_generate_vs_score, plot_kv_cache
 from helpers.generation import generate_answer, generation_steps
 from helpers.scoring import LabelScorer, batch_inputs, visible_keys
 
@@ -67,20 +67,6 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
     tail = seen[n:, n:]
     assert torch.equal(tail, tail & (branch[:, None] == branch[None, :])), "a branch sees another branch"
     assert seen[n:, :n].all(), "every label token sees the whole prompt"
-    shown = 3 + len(branch)
-    fig, path = plot_tree_mask(
-        seen[-shown:, -shown:],
-        [str(i) for i in range(shown)],
-        "caption",
-        branch_of=[-1] * 3 + branch.tolist(),
-        path=tmp_path / "t.png",
-    )
-    plt.close(fig)
-    assert path.stat().st_size > 0 and f"{len(scorer.multi)} label branches" in " ".join(
-        fig.axes[0].get_title().split()
-    )
-    with pytest.raises(ValueError, match="keys, but"):
-        plot_tree_mask(seen[-shown:, -shown:], ["x"], "caption", path=tmp_path / "bad.png")
 
 
 def test_kv_cache_drawing_counts_what_is_reused_and_appended(tmp_path):

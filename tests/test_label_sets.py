@@ -13,7 +13,7 @@ from helpers.batching import score_batched
 from helpers.checks import assert_agrees
 from helpers.data import build_prompt
 from helpers.prefix_cache import PrefixCache
-from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
+from helpers.scoring import LabelScorer, score_one_by_one, score_the_slow_way
 
 SINGLE = ["payment", "technical", "account"]
 ONE_MULTI = ["billing", "technical", "account"]  # "b" + "illing"
@@ -58,7 +58,7 @@ def test_the_reference_equals_one_full_forward_per_label(any_model, tickets, nam
     labels, normalize, complete = LABEL_SETS[name]
     scorer = LabelScorer(tokenizer, labels, normalize=normalize, complete=complete)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:2]]
-    slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    slow = score_the_slow_way(model, tokenizer, scorer, prompts)
     assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 MODULES = sorted(p for p in (ROOT / "helpers").glob("*.py") if p.stem not in ("__init__", "__main__"))
-TEACHING = ["generation", "scoring", "labels", "checks", "prefix_cache", "batching", "bench", "data"]
+TEACHING = ["generation", "scoring", "checks", "prefix_cache", "batching", "bench", "data"]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)
@@ -46,9 +46,12 @@ def imported_modules(notebook: Path) -> set[str]:
     )
 
 
-def test_lesson_01_imports_nothing_about_benchmarking():
-    imported = imported_modules(next((ROOT / "notebooks").glob("01_*.ipynb")))
-    assert not imported & {"bench", "roofs", "profile"}, sorted(imported)
+@pytest.mark.parametrize("lesson", ["01", "02", "03"])
+def test_lessons_01_to_03_import_nothing_about_benchmarking(lesson):
+    imported = imported_modules(next((ROOT / "notebooks").glob(f"{lesson}_*.ipynb")))
+    assert "bench" not in imported, sorted(imported)
+    if lesson == "01":
+        assert "profile" not in imported, sorted(imported)
 
 
 def test_the_front_page_is_a_front_page():

@@ -26,7 +26,6 @@ def synthetic(bf16: float = 400.0, fp32: float = 120.0) -> MachineProfile:
         threads=2,
         matmul_gflops={"float32": fp32, "bfloat16": bf16},
         prefill=prefill,
-        decode={1: 50.0, 32: 800.0},
         batched=batched,
     )
 
@@ -70,7 +69,6 @@ def test_the_profile_measures_the_candidates_of_its_device(embedded, tmp_path, m
         profiles, "prefill_curve", lambda model: [(1, 10.0), (4, 30.0)]
     )  # the matmuls are what matter here
     monkeypatch.setattr(profiles, "batched_curve", lambda model: [(1, 10.0), (2, 15.0)])
-    monkeypatch.setattr(profiles, "decode_step_tokens_per_s", lambda model, batch: 1.0)
     probed = []
     monkeypatch.setattr(
         profiles, "half_precision_finite", lambda model, dtype: probed.append(dtype) or dtype != "bfloat16"
@@ -111,7 +109,7 @@ def test_a_profile_is_measured_once_then_read_from_memory_and_disk(tiny_qwen, tm
     assert sizes == sorted(sizes) and sizes[0] == 1 and all(rate > 0 for _, rate in first.prefill)
     rows = [n for n, _ in first.batched]
     assert rows[0] == 1 and rows[-1] >= 32 and all(rate > 0 for _, rate in first.batched), "to 32 rows on a CPU"
-    assert set(first.decode) == {1, 32} and "float32" in first.matmul_gflops
+    assert "float32" in first.matmul_gflops
     assert machine_profile(model, info, verbose=False) is first, "the second call in a process is free"
     saved = list((tmp_path / "profiles").glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["model"] == info.name

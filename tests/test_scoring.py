@@ -1,10 +1,11 @@
+import numpy as np
 import pytest
 import torch
 
 from helpers.checks import agreement, assert_agrees
 from helpers.data import LABELS, build_prompt
 from helpers.generation import parse_label
-from helpers.scoring import LabelScorer, LabelScores, label_log_probs_slow, score_one_by_one
+from helpers.scoring import LabelScorer, LabelScores, score_one_by_one, score_the_slow_way
 
 from .conftest import prompts_for
 
@@ -68,7 +69,7 @@ def test_constrained_scores_equal_the_slow_full_forward_on_every_ticket(request,
     model, tokenizer, _ = request.getfixturevalue(model_name)
     scorer = LabelScorer(tokenizer, LABELS)
     prompts = prompts_for(tokenizer, tickets["text"][:3] if model_name == "embedded" else tickets["text"], few_shot)
-    slow = LabelScores(LABELS, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    slow = score_the_slow_way(model, tokenizer, scorer, prompts)
     assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
     # Length-normalised: the same sums divided by each label's token count.
     normalized = LabelScorer(tokenizer, LABELS, normalize=True)
@@ -84,7 +85,7 @@ def test_several_multi_token_labels_are_scored_together(any_model, tickets):
     assert len(scorer.multi) == 3 and scorer.is_tree
     prompts = prompts_for(tokenizer, tickets["text"])
     fast = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
-    slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    slow = score_the_slow_way(model, tokenizer, scorer, prompts)
     assert_agrees(slow, fast, atol=1e-3)
 
 
@@ -157,7 +158,7 @@ def test_label_branches_on_the_prefix_cache_in_padded_batches_equal_the_slow_way
     cache = PrefixCache.for_prompts(model, tokenizer, labels=labels)
     batched = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, prefix=cache, progress=False)
     assert batched.info["padding_fraction"] > 0, "the batches must hold rows of different lengths"
-    slow = LabelScores(labels, torch.stack([label_log_probs_slow(model, tokenizer, scorer, p) for p in prompts]))
+    slow = score_the_slow_way(model, tokenizer, scorer, prompts)
     assert_agrees(slow, batched, atol=1e-3)
 
 
@@ -230,50 +231,13 @@ def test_wilson_interval_refuses_bad_counts_in_one_line():
 # --- tokenizer-derived examples -------------------------------------------------------------------
 
 
-def test_first_token_clash_returns_a_pair_that_really_shares_its_first_token(embedded):
-    from helpers.labels import CANDIDATE_LABELS, first_token_clash
-
-    _, tokenizer, _ = embedded
-    pair = first_token_clash(tokenizer)
-    assert pair is not None, "the default candidates hold words sharing a first token with the embedded tokenizer"
-    first, second = pair
-    assert first != second and {first, second} <= set(CANDIDATE_LABELS)
-    ids = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in pair]
-    assert ids[0][0] == ids[1][0], f"{pair} do not share their first token: {ids}"
-    with pytest.raises(ValueError, match="share their first token"):
-        LabelScorer(tokenizer, pair, method="first_token")
-    # Words that start with different letters cannot share a first token, whatever the tokenizer.
-    assert first_token_clash(tokenizer, ["account", "technical", "payment", "billing"]) is None
-    assert first_token_clash(tokenizer, ["billing"]) is None
-
-
-def test_single_token_labels_are_one_token_each_and_allow_the_shortcut(embedded):
-    from helpers.labels import single_token_labels, token_pieces
-
-    _, tokenizer, _ = embedded
-    labels = single_token_labels(tokenizer, [*LABELS, "payment", "technical", "login"], count=3)
-    assert labels is not None and len(labels) == 3 and len(set(labels)) == 3
-    assert all(len(pieces) == 1 for pieces in token_pieces(tokenizer, labels).values()), token_pieces(tokenizer, labels)
-    assert LabelScorer(tokenizer, labels).method == "first_token"
-    # A word no vocabulary holds whole: too few single-token candidates, so None.
-    assert single_token_labels(tokenizer, ["technical", "qzxjvkwpqzxjvk"], count=2) is None
-    with pytest.raises(ValueError, match="count must be >= 1"):
-        single_token_labels(tokenizer, LABELS, count=0)
-
-
-def test_token_pieces_spell_each_word_and_name_a_bad_one(embedded):
-    from helpers.labels import first_token_clash, token_pieces
-
-    _, tokenizer, _ = embedded
-    pieces = token_pieces(tokenizer, LABELS)
-    assert list(pieces) == list(LABELS)
-    for label, tokens in pieces.items():
-        ids = tokenizer.convert_tokens_to_ids(tokens)
-        assert tokenizer.decode(ids) == label, f"{label}: {tokens} do not spell it"
-    for bad in (["billing", ""], ["billing", None]):
-        with pytest.raises(ValueError, match="candidate #1") as error:
-            first_token_clash(tokenizer, bad)
-        assert "\n" not in str(error.value)
+def test_label_scores_slice_by_rows_and_refuse_anything_else():
+    scores = LabelScores(["a", "b"], torch.tensor([[0.0, -1.0], [-2.0, 0.0], [-1.0, -3.0]]), {"n": 3})
+    first_two = scores[:2]
+    assert first_two.labels == ["a", "b"] and first_two.predictions == ["a", "b"] and len(first_two) == 2
+    assert scores[[2, 0]].predictions == ["a", "a"] and scores[np.array([1])].predictions == ["b"]
+    with pytest.raises(TypeError, match="not one number"):
+        scores[0]
 
 
 def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
@@ -327,19 +291,3 @@ def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
     assert str(tolerance).startswith(dtype) and ("near-ties" in str(tolerance)) == (dtype != "float32")
     with pytest.raises(ValueError, match="no agreement tolerance for dtype 'int8'"):
         tolerance_for("int8")
-
-
-def test_paired_verdict_counts_the_discordant_tickets_and_names_a_winner_only_below_alpha():
-    from helpers.checks import paired_verdict
-
-    a = [True] * 12 + [False] * 8
-    b = [False] * 12 + [False] * 8  # a got 12 tickets right that b missed, b none that a missed
-    result = paired_verdict("few-shot", a, "zero-shot", b)
-    assert (result["only_a"], result["only_b"]) == (12, 0) and result["p"] == pytest.approx(2 / 2**12)
-    assert result["verdict"].startswith("few-shot beat zero-shot beyond chance on these 20 tickets")
-    even = paired_verdict("x", [True, False, True, False], "y", [False, True, False, True])
-    assert not even["significant"] and "not distinguishable" in even["verdict"] and even["p"] == 1.0
-    # Both right on the same tickets decide nothing: identical classifiers are never told apart.
-    assert paired_verdict("x", a, "y", a)["p"] == 1.0
-    with pytest.raises(ValueError, match="same tickets"):
-        paired_verdict("x", [True], "y", [True, False])

@@ -13,7 +13,6 @@ import pytest
 
 from helpers.checks import mcnemar_exact
 from helpers.data import build_prompt
-from helpers.labels import extending_pair
 from helpers.scoring import LabelScorer, end_of_answer_ids, end_of_answer_text, extending_pairs, score_one_by_one
 
 EXTENDING = ["account", "account change", "billing"]
@@ -110,16 +109,13 @@ def test_labels_with_the_same_tokens_are_refused():
         LabelScorer(Lowercase(), ["Account", "account"])
 
 
-def test_extending_pairs_and_a_pair_derived_from_the_tokenizer(embedded):
+def test_extending_pairs_and_the_lessons_pair_with_the_embedded_tokenizer(embedded):
     _, tokenizer, _ = embedded
     assert extending_pairs([[1], [1, 2], [1, 2, 3], [2]], list("abcd")) == [("a", "b"), ("a", "c"), ("b", "c")]
     assert extending_pairs([[1, 2], [1, 3]], ["a", "b"]) == []
-    pair = extending_pair(tokenizer)
-    assert pair is not None
-    short, long = pair
-    ids = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in pair]
-    assert long.startswith(short) and ids[1][: len(ids[0])] == ids[0] and len(ids[1]) > len(ids[0])
-    assert extending_pair(tokenizer, bases=("technical",), extensions=("ly",)) is None  # "technically": no extension
+    # Notebook 01's Going deeper relies on this pair extending with the tokenizer it runs.
+    assert LabelScorer(tokenizer, ["account", "account change", "billing"]).overlaps == [("account", "account change")]
+    assert LabelScorer(tokenizer, ["technical", "technically"], complete=False).overlaps == []  # no whole-token prefix
 
 
 def test_mcnemar_exact_is_the_two_sided_binomial_test_of_the_discordant_items():
