@@ -1,6 +1,7 @@
 """A long ``python -m helpers classify`` survives being stopped: each process appends every finished batch's rows to
 its own progress file beside the output (the job's fingerprint, then ``{"row": i, "scores": [...], "full": false}``
-per row); a rerun of the same job scores only the rows missing from all of them, another job's files are refused."""
+per row); a rerun of the same job scores only the rows missing from all of them (a line torn by a kill is dropped),
+another job's files are refused in one line naming what changed. At the end they are removed."""
 
 from __future__ import annotations
 

@@ -106,3 +106,21 @@ def test_the_bench_sweep_agrees_with_the_loop_on_every_sampled_ticket(tiny_qwen,
         assert column in frame, f"runs/benchmark.csv lost its {column} column"
     with pytest.raises(ValueError, match="each divide the largest"):
         run_benchmark("twin:tiny-qwen2", batch_sizes=[1, 3, 8], n=48, progress=False)
+
+
+def test_lesson_03_writes_out_the_sample_that_sample_tickets_draws():
+    """03's race samples the 600 tickets in three plain lines; they must pick what 04 and the CLI pick."""
+    import json
+    from pathlib import Path
+
+    notebook = next((Path(__file__).parent.parent / "notebooks").glob("03_*.ipynb"))
+    cells = [
+        "".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "code"
+    ]
+    race = next(source for source in cells if "blocks = [order[" in source)
+    rule = "\n".join(line for line in race.splitlines() if line.startswith(("order =", "blocks =", "sample =")))
+    lengths = np.random.default_rng(0).integers(20, 60, 600).tolist()  # short range: many ties in length
+    for block, every in ((32, 9), (8, 75), (32, 1), (16, 18)):
+        names = {"np": np, "pool_lengths": lengths, "RACE_BATCH": block, "EVERY": every}
+        exec(rule, names)
+        assert names["sample"] == sample_tickets(lengths, block, every), (block, every)
