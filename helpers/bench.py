@@ -1,5 +1,6 @@
-"""Timing the full-scale workload (notebooks 03 and 04, ``python -m helpers bench``): every contender on the same
-sample of the reference's 600 tickets, scaled to all 600 by one stated rule, and checked against the loop.
+"""Timing the full-scale workload (notebook 04, ``python -m helpers bench``; 03 writes the same rule out in its
+race): every contender on the same sample of the reference's 600 tickets, scaled to all 600 by one stated rule, and
+checked against the loop.
 
 **The sample** (``sample_tickets``): sort the tickets by token length, longest first (the order sorted batches run
 in), cut that order into blocks of ``block`` consecutive tickets, and take every ``every``-th block, starting with
@@ -45,7 +46,7 @@ LOOPS = {"sorted": "loop", "sorted_prefix": "loop_prefix"}  # sorted batches of 
 
 def sample_tickets(lengths: Sequence[int], block: int, every: int) -> list[int]:
     """Every ``every``-th block of ``block`` tickets in sorted order (longest first), from the middle block of the
-    first ``every``; in sorted order. ``every=1``: every ticket. Notebook 03, section 6."""
+    first ``every``; in sorted order. ``every=1``: every ticket. Notebook 03, section 6, writes it out; notebook 04."""
     if block < 1 or every < 1:
         raise ValueError(f"block and every must be >= 1, got block={block}, every={every}")
     order = np.argsort(-np.asarray(lengths), kind="stable")
@@ -61,7 +62,7 @@ def row_lengths(lengths: Sequence[int], uses_prefix: bool, prefix_length: int) -
 
 def scale_to_plan(lengths: Sequence[int], sample: Sequence[int], strategy: str, batch_size: int) -> float:
     """Padded tokens of the whole plan over those of the sample's batches: the sample's seconds times this is the
-    estimate for every ticket (1.0 when the sample is every ticket). Notebook 03, section 6."""
+    estimate for every ticket (1.0 when the sample is every ticket). Notebook 04, section 2."""
     whole = padding_report(lengths, plan_batches(lengths, strategy, batch_size)).processed_tokens
     sampled = [lengths[i] for i in sample]
     return whole / padding_report(sampled, plan_batches(sampled, strategy, batch_size)).processed_tokens
@@ -70,7 +71,7 @@ def scale_to_plan(lengths: Sequence[int], sample: Sequence[int], strategy: str, 
 @dataclass
 class Row:
     """One contender timed on the sample: ``seconds`` per repeat, ``scale`` to the whole plan, the last run's
-    scores (checked against the loop), its padding and the plan's. Notebook 03, section 6; notebook 04, section 2."""
+    scores (checked against the loop), its padding and the plan's. Notebook 04, section 2."""
 
     name: str
     batch_size: int
@@ -126,7 +127,7 @@ class Row:
 
 def beyond_spread(a: Row, b: Row) -> bool:
     """Whether two rows' repeats do not overlap (and each has at least two): a difference beyond the noise.
-    Notebook 03, section 6."""
+    Notebook 04, Summary."""
     (a_low, a_high), (b_low, b_high) = a.spread, b.spread
     return min(len(a.seconds), len(b.seconds)) > 1 and (a_low > b_high or b_low > a_high)
 
