@@ -4,7 +4,7 @@ loop (notebooks 03 and 04, ``python -m helpers bench``)."""
 import numpy as np
 import pytest
 
-from helpers.batching import plan_batches, score_batched
+from helpers.batching import padding_report, plan_batches, score_batched
 from helpers.bench import Row, beyond_spread, run_benchmark, sample_tickets, scale_to_plan, sweep_rows
 from helpers.data import LABELS, make_tickets
 from helpers.scoring import LabelScorer
@@ -108,8 +108,9 @@ def test_the_bench_sweep_agrees_with_the_loop_on_every_sampled_ticket(tiny_qwen,
         run_benchmark("twin:tiny-qwen2", batch_sizes=[1, 3, 8], n=48, progress=False)
 
 
-def test_lesson_03_writes_out_the_sample_that_sample_tickets_draws():
-    """03's race samples the 600 tickets in three plain lines; they must pick what 04 and the CLI pick."""
+def test_lesson_03_writes_out_the_sample_and_the_scale_that_the_package_computes():
+    """03's race samples the 600 tickets and scales its seconds in a few plain lines; they must pick and scale as
+    04 and the CLI do (``sample_tickets``, ``scale_to_plan``)."""
     import json
     from pathlib import Path
 
@@ -118,9 +119,12 @@ def test_lesson_03_writes_out_the_sample_that_sample_tickets_draws():
         "".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "code"
     ]
     race = next(source for source in cells if "blocks = [order[" in source)
-    rule = "\n".join(line for line in race.splitlines() if line.startswith(("order =", "blocks =", "sample =")))
+    rule = race[race.index("order =") : race.index("\n", race.index("scale ="))]  # from the sort to the scale
     lengths = np.random.default_rng(0).integers(20, 60, 600).tolist()  # short range: many ties in length
     for block, every in ((32, 9), (8, 75), (32, 1), (16, 18)):
-        names = {"np": np, "pool_lengths": lengths, "RACE_BATCH": block, "EVERY": every}
+        names = {"np": np, "pool_lengths": lengths, "pool_prompts": lengths, "RACE_BATCH": block, "EVERY": every}
+        names.update(padding_report=padding_report, plan_batches=plan_batches)
         exec(rule, names)
         assert names["sample"] == sample_tickets(lengths, block, every), (block, every)
+        assert names["scale"]["loop"] == pytest.approx(scale_to_plan(lengths, names["sample"], "loop", 1))
+        assert names["scale"]["sorted"] == pytest.approx(scale_to_plan(lengths, names["sample"], "sorted", block))
