@@ -91,8 +91,9 @@ def add_classify_parser(commands) -> None:
     output = "where to write the result (.csv or .jsonl)"
     add("--output", dest="output_path", metavar="OUTPUT", required=True, help=output)
     add("--text-column", default="text", help="the column holding the texts (default: text)")
-    dtype = "float32, bfloat16, float16 (default: float32 on CPU and MPS; on CUDA bfloat16 from compute capability "
-    dtype += "8.0, float16 below it where a probe forward gives finite logits, else float32)"
+    dtype = "float32, bfloat16, float16, or auto: half precision verified (near ties rescored in float32, every label "
+    dtype += "float32's) where the machine profile finds it fast, else float32 (default: float32 on CPU and MPS; on "
+    dtype += "CUDA bfloat16 from compute capability 8.0, float16 below it where a probe forward gives finite logits)"
     add("--dtype", default=None, help=dtype)
     strategies = ["loop", "arbitrary", "sorted", "token_budget"]
     strategy = "batching: sorted (default), loop, arbitrary or token_budget"

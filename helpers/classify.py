@@ -20,7 +20,9 @@ from . import resume, tables
 from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .checks import assert_agrees, tolerance_for
 from .data import build_prompt, encode_prompt, uses_chat_template
+from .precision import choose_half, half_copy, near_ties, score_verified
 from .prefix_cache import PrefixCache
+from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores, score_one_by_one
 from .tables import InputError, one_line, rows_text
 
@@ -67,11 +69,12 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
     return prompts, cut
 
 
-def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0) -> dict:
-    """Re-run ``k`` random rows one at a time, the reference; raise on a disagreement beyond ``tolerance_for``."""
+def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0, dtype=None) -> dict:
+    """Re-run ``k`` random rows one at a time, the reference; raise on a disagreement beyond ``tolerance_for`` the
+    dtype the scores came from (default: the model's)."""
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
-    tolerance, numbers = tolerance_for(model.dtype), [r + 1 for r in rows]
+    tolerance, numbers = tolerance_for(dtype or model.dtype), [r + 1 for r in rows]
     candidate = LabelScores(scorer.labels, log_scores[rows])
     try:
         stats = assert_agrees(reference, candidate, tolerance, item_names=[f"row {n}" for n in numbers])
@@ -114,6 +117,7 @@ class ClassifyResult:
     warnings: list[str] = field(default_factory=list)
     resumed: int = 0  # rows read back from the progress files of a stopped run
     computed: int | None = None  # rows scored by this run (None: all of them)
+    rescored: list[int] = field(default_factory=list)  # --dtype auto: rows rescored in float32 (1-based)
 
     def summary(self) -> str:
         full, scored = self.full_prompt_rows, self.rows if self.computed is None else self.computed
@@ -216,7 +220,8 @@ def classify_file(
     first_tokenizer, scorer = _step(state, label_scorer)
     prompt_format = "chat" if uses_chat_template(first_tokenizer) else "plain"
     scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": truncate}
-    model_dtype = (resolve_name(model_name)[0], str(pick_dtype(dtype, run_device)))
+    auto = dtype == "auto"  # the verified half-precision path where it pays (helpers.precision), else float32
+    model_dtype = (resolve_name(model_name)[0], "auto" if auto else str(pick_dtype(dtype, run_device)))
     job = resume.fingerprint(table.path, text_column, checked_labels, *model_dtype, examples, prompt_format, scoring)
     # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
     # reads every progress file before any appends to its own: _step waits for all of them each time.
@@ -235,7 +240,11 @@ def classify_file(
 
     def score_share():
         # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
-        model, tokenizer, info = load_model(model_name, dtype=dtype, device=run_device, verbose=main)
+        wanted_dtype = "float32" if auto else dtype
+        model, tokenizer, info = load_model(model_name, dtype=wanted_dtype, device=run_device, verbose=main)
+        half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
+        if auto:
+            tell(f"--dtype auto: {why}" + (", verified: near ties rescored in float32" if half else ""))
         # The labels as the loaded model's tokenizer splits them: token ids must index this model's vocabulary.
         scorer = LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
@@ -244,38 +253,62 @@ def classify_file(
         limit, source = int(min(limit for limit in limits if limit and limit < 1e9)), str(table.path)
         texts = [record[text_column] for record in table.records]
         prompts, cut = prepare_prompts(tokenizer, texts, checked_labels, examples, limit, truncate, source, end_tokens)
-        prefix = None
-        if prefix_cache:
-            prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
+
+        def prefix_for(scoring_model):
+            if not prefix_cache:
+                return None
+            return PrefixCache.for_prompts(scoring_model, tokenizer, labels=checked_labels, examples=examples)
+
+        prefix = prefix_for(model)
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
-        shard = []
+        shard, rescored = [], []
         if mine:  # each finished batch lands in this process's progress file before the next runs
             writer = resume.ProgressWriter(output, state.process_index, job)
             bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
+            final, ran_full = {}, set()
 
             def landed(items, log_scores, full):
                 if torch.isnan(log_scores).any():  # never land a row as done that the run will reject
                     raise NonFiniteScores(f"NaN scores for rows {[mine[j] + 1 for j in items][:10]}: check the dtype")
                 writer.append([mine[j] for j in items], log_scores.tolist(), full)
+                final.update(zip(items, log_scores.tolist()))
+                ran_full.update(items if full else [])
                 bar.update(len(items))
 
             try:
                 share = [prompts[i] for i in mine]
-                result = score_batched(model, tokenizer, scorer, share, *plan, prefix, progress=False, on_batch=landed)
+                if half is None:
+                    score_batched(model, tokenizer, scorer, share, *plan, prefix, progress=False, on_batch=landed)
+                else:  # the first rows calibrate the bound and land in float32 (helpers.precision)
+                    half_model, (strategy, size, budget) = half_copy(model, half), plan
+                    options = dict(strategy=strategy, batch_size=size, token_budget=budget, on_batch=landed)
+                    verified = score_verified(
+                        half_model,
+                        model,
+                        tokenizer,
+                        scorer,
+                        share,
+                        half_prefix=prefix_for(half_model),
+                        full_prefix=prefix,
+                        **options,
+                    )
+                    rescored = verified.info["rescored"]
             finally:
                 writer.close()
                 bar.close()
-            full = set(result.info["full_prompt_items"])
-            shard = [(i, row.tolist(), j in full) for j, (i, row) in enumerate(zip(mine, result.log_scores))]
-        return model, tokenizer, info, scorer, prompts, cut, shard
+            shard = [(i, final[j], j in ran_full) for j, i in enumerate(mine)]
+            rescored = [mine[j] for j in rescored]
+        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored
 
-    model, tokenizer, info, scorer, prompts, cut, shard = _step(state, score_share)
+    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored = _step(state, score_share)
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     gathered = gather_object(shard) if state.num_processes > 1 else shard
-    processes = state.num_processes
-    outcome = ClassifyResult(None, len(table), 0.0, info.name, info.dtype, info.device, processes, prefix_cache)
+    rescored = gather_object(rescored) if state.num_processes > 1 else rescored
+    processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
+    outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
+    outcome.rescored = sorted(i + 1 for i in rescored)
     outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(gathered)
     if not main:
         outcome.seconds = time.perf_counter() - start
@@ -286,13 +319,25 @@ def classify_file(
     log_scores = torch.tensor([row for _, row, _ in sorted(gathered, key=lambda item: item[0])])
     outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
     if verify:
-        stats = outcome.verification = verify_sample(model, tokenizer, scorer, prompts, log_scores, verify)
+        stats = outcome.verification = verify_sample(model, tokenizer, scorer, prompts, log_scores, verify, dtype=half)
         ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
         ties += f" difference {stats['max_abs_diff']:.1e})"
         agree = f"all agree{'' if stats['exact'] else ties}"
         tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
     scores = LabelScores(checked_labels, log_scores)
     outcome.predictions = scores.predictions
+    if half:
+        tell(
+            f"--dtype auto: {len(outcome.rescored)} of {len(gathered) - len(done)} rows rescored in float32 (top two "
+            "labels closer than the calibration's bound): every label is float32's"
+        )
+    elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
+        atol = tolerance_for(info.dtype).atol
+        ties = len(near_ties(scores, atol))
+        tell(
+            f"{info.dtype}, unverified: {ties} of {len(scores)} rows have their top two labels within {atol:g}, near "
+            "ties that rounding may order either way (--dtype auto rescores such rows in float32)"
+        )
     tables.write_results(table, scores, output)
     resume.remove_progress(output)  # the output holds every row now
     outcome.output, outcome.seconds = output, time.perf_counter() - start

@@ -82,84 +82,104 @@ def plot_generate_vs_score(
 
 
 def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None):
-    """What a KV cache holds, step by step: one panel per snapshot, the keys of one layer and key/value head as an
-    image (rows: token positions, columns: the head's dimensions), with a strip that says what each row is.
+    """What a KV cache holds, step by step: one block per snapshot, token positions across and the model's layers
+    stacked up (every layer keeps a key and a value vector per position), coloured by what each position is, with
+    the bytes it holds beside it.
 
-    ``snapshots``: (name, keys (positions x dims), kinds) with kinds per position: "reused" (computed once, the
-    same numbers in every panel), "appended" (this ticket's, written by its forward) or "dropped" (cropped away)."""
+    ``snapshots``: (name, cache, kinds), the cache a ``transformers`` cache (``DynamicCache``: its ``layers`` with
+    ``keys`` and ``values`` of shape (batch, key/value heads, positions, head dims)), kinds per position: "reused"
+    (the prefix, computed once), "appended" (this ticket's, written by its forward) or "dropped" (cropped away,
+    no longer held)."""
     colours = {"reused": SEGMENT_COLOURS["cached prefix"], "appended": SEGMENT_COLOURS["ticket"], "dropped": "0.85"}
-    longest = max(len(keys) for _, keys, _ in snapshots)
-    fig, axes = plt.subplots(1, len(snapshots), figsize=(3.2 * len(snapshots), 4.8), sharey=True, squeeze=False)
-    scale = max(float(np.nanmax(np.abs(np.asarray(keys, dtype=float)))) for _, keys, _ in snapshots)  # crops: NaN
-    for ax, (name, keys, kinds) in zip(axes[0], snapshots):
-        keys = np.asarray(keys, dtype=float)
-        if len(kinds) != len(keys):
-            raise ValueError(f"{name}: {len(keys)} positions but {len(kinds)} kinds")
-        width = keys.shape[1]
-        strip = max(2, width // 8)
-        ax.imshow(
-            keys,
-            aspect="auto",
-            cmap="RdBu_r",
-            vmin=-scale,
-            vmax=scale,
-            interpolation="nearest",
-            extent=(strip - 0.5, strip + width - 0.5, len(keys) - 0.5, -0.5),
+    names = {"reused": "prefix: computed once, reused", "appended": "this ticket's: appended"}
+    names["dropped"] = "cropped away"
+    fig, ax = plt.subplots(figsize=(9, 0.75 * len(snapshots) + 1.8))
+    longest = max(len(kinds) for _, _, kinds in snapshots)
+    for row, (name, cache, kinds) in enumerate(snapshots):
+        kinds = list(kinds)
+        held = cache.get_seq_length()
+        if held != len(kinds) - kinds.count("dropped"):
+            raise ValueError(f"{name}: the cache holds {held} positions but kinds name {len(kinds)} positions")
+        layers = len(cache.layers)
+        nbytes = sum(t.nelement() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        start = 0
+        for kind in dict.fromkeys(kinds):  # contiguous runs: the prefix, then the ticket's positions
+            n = kinds.count(kind)
+            ax.barh(row, n, left=start, height=0.7, color=colours[kind], edgecolor="none", label=names[kind])
+            ax.text(start + n / 2, row, f"{n}", ha="center", va="center", fontsize=8)
+            start += n
+        for k in range(1, layers):  # a thin line between layers: each holds the same positions
+            y = row - 0.35 + 0.7 * k / layers
+            ax.plot([0, held], [y, y], color="white", lw=0.4)
+        ax.text(
+            len(kinds) + longest * 0.02,
+            row,
+            f"{held} positions x {layers} layers: {nbytes / 1e6:.1f} MB",
+            va="center",
+            fontsize=8,
         )
-        for position, kind in enumerate(kinds):
-            ax.add_patch(plt.Rectangle((-0.5, position - 0.5), strip, 1, color=colours[kind], lw=0))
-        ax.set_xlim(-0.5, strip + width - 0.5)
-        ax.set_ylim(longest - 0.5, -0.5)
-        counts = {kind: list(kinds).count(kind) for kind in colours if kind in kinds}
-        ax.set_title(
-            textwrap.fill(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()), 34), fontsize=8
-        )
-        ax.set_xlabel("dimensions of one key/value head")
-        ax.set_xticks([])
-    axes[0][0].set_ylabel("token position in the cache")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    axes[0][-1].legend(
-        handles,
-        ["prefix: computed once, reused", "this ticket's: appended", "cropped away"],
+    first = snapshots[0][1].layers[0].keys
+    per_position = 2 * len(snapshots[0][1].layers) * first.shape[1] * first.shape[3] * first.element_size()
+    ax.set_yticks(range(len(snapshots)), [name for name, _, _ in snapshots], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, longest * 1.45)
+    ax.set_xlabel(
+        f"token position in the cache (each one: a key and a value per layer, {first.shape[1]} heads x "
+        f"{first.shape[3]} dims, {per_position / 1e3:.0f} kB)"
+    )
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(
+        unique.values(),
+        unique.keys(),
         fontsize=7,
-        loc="lower right",
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=3,
+        frameon=False,
     )
     if title is None:
         prefix = list(snapshots[0][2]).count("reused")
         title = (
-            f"The cache holds the {prefix}-token prefix's keys once; each ticket appends its own and a crop "
-            "drops them again (layer 0, key/value head 0: the same numbers wherever the strip is blue)"
+            f"The cache holds the {prefix}-token prefix once, {len(snapshots[0][1].layers)} layers deep; a ticket "
+            "appends its positions to every layer and a crop drops them again"
         )
-    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    set_title(ax, title)
     return fig, finish(fig, info, path)
 
 
 def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png", title: str | None = None):
-    """Each plan's batches as rectangles, in the order they run: a row per ticket, real tokens coloured, the
-    left padding grey (what a padded batch computes for nothing). One panel per plan, same scale."""
+    """Each plan's batches in the order they run, one thin bar per ticket: its real tokens coloured, the left
+    padding grey (what a padded batch computes for nothing), neighbouring batches in alternating shades. One panel
+    per plan, same scale; drawn for a few tickets or for hundreds."""
     from .batching import padding_report
 
     fig, axes = plt.subplots(1, len(plans), figsize=(4.5 * len(plans), 5), sharex=True, squeeze=False)
     shares = {}
     for ax, (name, plan) in zip(axes[0], plans.items()):
+        rows, pads, reals, shades = [], [], [], []
         y = 0
         for k, batch in enumerate(plan):
             width = max(lengths[i] for i in batch)
             for i in batch:
-                pad = width - lengths[i]
-                ax.barh(y, pad, left=0, height=1, color="0.8", edgecolor="none")
-                ax.barh(y, lengths[i], left=pad, height=1, color=BATCH_SHADES[k % 2], edgecolor="none")
+                rows.append(y)
+                pads.append(width - lengths[i])
+                reals.append(lengths[i])
+                shades.append(BATCH_SHADES[k % 2])
                 y += 1
-            y += 1  # a gap between batches
+            y += max(1, y // 150)  # a gap between batches, visible at any number of tickets
+        ax.barh(rows, pads, left=0, height=1, color="0.8", edgecolor="none")
+        ax.barh(rows, reals, left=pads, height=1, color=shades, edgecolor="none")
         shares[name] = padding_report(lengths, plan).padding_fraction
         ax.set_title(f"{name}: {shares[name]:.0%} padding", fontsize=9)
         ax.set_ylim(y, -1)
         ax.set_yticks([])
         ax.set_xlabel("tokens (grey: padding, on the left; orange: ticket tokens,\nbatches in alternating shades)")
-    axes[0][0].set_ylabel(f"tickets, in batches of up to {max(len(b) for plan in plans.values() for b in plan)} rows")
+    size = max(len(b) for plan in plans.values() for b in plan)
+    axes[0][0].set_ylabel(f"{len(lengths)} tickets, in batches of up to {size} rows")
     if title is None:
         (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
-        title = f"Padded batches: {a} {pa:.0%} padding, {b} {pb:.0%}"
+        title = f"{len(lengths)} tickets in batches of {size}: {a} {pa:.0%} padding, {b} {pb:.0%}"
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, info, path)
 

@@ -176,9 +176,12 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
 
 
 def process_threads() -> int:
-    """The physical cores, shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``)."""
+    """The physical cores, shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``), and at
+    most ``OMP_NUM_THREADS`` where it is set (the usual cap on a process's threads; the test suite's workers set it)."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    return max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
+    threads = max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(threads, int(cap))) if cap.isdigit() else threads
 
 
 @dataclass

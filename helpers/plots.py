@@ -227,59 +227,39 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
 
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
-    """The machine profile's two prefill curves against tokens per forward call: one sequence of n tokens, and
-    batches of ``profile.batch_row_tokens``-token rows (about a median ticket each); one median ticket and ``rows``
-    of them in one call marked."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    tokens, rates = zip(*sorted(profile.prefill))
-    ax.plot(tokens, rates, marker="o", color="C0", label="one sequence of n tokens per call (attention grows with n)")
-    width = profile.batch_row_tokens
+    """What batching can gain on this machine: the profile's prefill tokens/s against rows per forward call, rows
+    of ``profile.batch_row_tokens`` tokens (about a median ticket each), beside one median ticket alone (a dashed
+    line). ``rows``: the batch size the title reads the gain at."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     counts, batched = zip(*sorted(profile.batched))
-    ax.plot(
-        [count * width for count in counts],
-        batched,
-        marker="D",
-        color="C2",
-        label=f"rows of {width} tokens per call, 1 to {counts[-1]} rows",
-    )
+    width = profile.batch_row_tokens
+    ax.plot(counts, batched, marker="D", color="C2", label=f"rows of {width} tokens per call")
     for count, rate in zip(counts, batched):
-        if count in (1, rows, counts[-1]):
-            ax.annotate(
-                f"{count} row{'s' if count > 1 else ''}",
-                (count * width, rate),
-                fontsize=7,
-                color="C2",
-                xytext=(0, 6),
-                textcoords="offset points",
-                ha="center",
-            )
+        ax.annotate(
+            f"{rate:.0f}", (count, rate), fontsize=7, color="C2", xytext=(0, 6), textcoords="offset points", ha="center"
+        )
     alone = profile.tokens_per_s(median)
-    ax.axvline(median, color="C1", lw=1, ls=":", label=f"one median ticket: {median} tokens, {alone:.0f}/s alone")
-    together = profile.batched_tokens_per_s(rows)  # rows of about a median ticket each
-    beyond = rows > counts[-1]
-    ax.axvline(
-        rows * median,
-        color="C4",
-        lw=1,
-        ls=":" if not beyond else "--",
-        label=f"{rows} median tickets in one call: {rows * median} tokens, "
-        + (f"{together:.0f}/s batched" if not beyond else "beyond the batched curve"),
-    )
+    ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one median ticket ({median} tokens) alone: {alone:.0f}/s")
+    knee = profile.batch_knee
+    ax.axvline(knee, color="0.5", lw=1, ls=":", label=f"90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per forward call (rows x tokens)")
-    ax.set_ylabel("throughput (tokens / s)")
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.set_ylim(0, max(*batched, alone) * 1.15)
+    ax.set_xlabel("rows per forward call (batch size)")
+    ax.set_ylabel("prefill throughput (tokens / s)")
+    beyond = rows > counts[-1]
     gain = profile.batching_gain(rows)
     set_title(
         ax,
         title
         or (
-            f"Prefill: one median ticket runs at {alone / profile.peak_tokens_per_s:.0%} of the single-"
-            f"sequence peak; {rows} median rows in one call run {gain:.2f}x the tokens/s of one row, "
-            f"90 % of their peak from {profile.batch_knee} rows"
+            f"Prefill tokens/s by rows per call: {rows} rows run {gain:.2f}x the tokens/s of one"
+            + (" (beyond the measured rows: flat)" if beyond else "")
+            + f", 90 % of the peak from {knee} row{'s' if knee > 1 else ''}"
         ),
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 
@@ -395,4 +375,36 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
         f"all to the longest would process {factor:.1f}x the real tokens",
     )
     ax.grid(alpha=0.3, axis="y")
+    return fig, finish(fig, caption(info), path)
+
+
+def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, path="precision_margins.png"):
+    """Where the flipped labels sit (notebook 05, section 2): each ticket's top-two margin in ``dtype`` against how
+    far rounding moved its margins (``errors``: per ticket, the spread of its label scores' changes), flipped
+    tickets marked; the verified path's threshold as a vertical line: every ticket left of it is rescored."""
+    import numpy as np
+
+    margins, errors, flipped = np.asarray(margins), np.asarray(errors), np.asarray(flipped, dtype=bool)
+    if not (len(margins) == len(errors) == len(flipped)) or not len(margins):
+        raise ValueError(f"one margin, error and flip per ticket, got {len(margins)}, {len(errors)}, {len(flipped)}")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter(margins[~flipped], errors[~flipped], s=14, color="0.55", label="same label as float32")
+    ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
+    ax.axvline(threshold, color="C0", ls="--", lw=1, label=f"threshold {threshold:.2f}: rescored left of it")
+    reach = max(margins.max(), errors.max(), threshold) * 1.3
+    ax.plot([0, reach], [0, reach], color="0.3", ls=":", lw=1, label="error = margin: a flip needs a point above it")
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlim(0, max(margins.max(), threshold) * 1.3)
+    ax.set_ylim(0, max(errors.max(), 1e-3) * 1.2)
+    ax.set_xlabel(f"{dtype} top-two margin (log-prob; linear below 0.1)")
+    ax.set_ylabel("margin error: largest change in\na difference of two labels' scores")
+    rescored = int((margins < threshold).sum())
+    worst = f", the widest at margin {margins[flipped].max():.2f}" if flipped.any() else ""
+    set_title(
+        ax,
+        f"{dtype} against float32 on {len(margins)} tickets: {int(flipped.sum())} label(s) flipped{worst}; "
+        f"the threshold rescores {rescored}",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
     return fig, finish(fig, caption(info), path)

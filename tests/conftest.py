@@ -5,6 +5,11 @@ accelerator themselves)."""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under pytest-xdist (make test runs a worker per core), each worker, and the notebook kernels and subprocesses it
+# starts, computes on its share of the cores: two workers of two threads each would fight over two cores.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import pytest
 

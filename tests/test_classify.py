@@ -560,7 +560,41 @@ def test_verify_in_bfloat16_uses_a_tolerance_and_counts_near_ties(hand_made, tmp
     assert re.search(
         r"verified 4 random rows .*: all agree \(\d+ near-tie\(s\) within 0.5 counted as agreement", err
     ), err
-    assert "bfloat16" in err
+    assert re.search(r"bfloat16, unverified: \d+ of 4 rows have their top two labels within 0.5, near ties", err), err
+
+
+@pytest.mark.parametrize("bfloat16_speed", [8.0, 0.02], ids=["fast", "slow"])
+def test_dtype_auto_verifies_half_precision_where_it_is_fast_and_stays_float32_elsewhere(
+    tmp_path, capsys, monkeypatch, bfloat16_speed
+):
+    from helpers import classify, precision
+    from tests.test_profile import synthetic
+
+    # the machine profile as notebook 00 would measure it on a CPU with (or without) fast bfloat16
+    profile = synthetic(bf16=120.0 * bfloat16_speed, fp32=120.0)
+    monkeypatch.setattr(classify, "machine_profile", lambda model, info, verbose=True: profile)
+    monkeypatch.setattr(precision, "CALIBRATION", 6)
+    source = tmp_path / "tickets.jsonl"
+    texts = [f"{word} problem number {i}" for i, word in enumerate(["refund", "crash", "login", "invoice"] * 6)]
+    source.write_text("\n".join(json.dumps({"text": text}) for text in texts))
+    outputs = {}
+    for dtype in ("float32", "auto"):
+        outputs[dtype] = tmp_path / f"{dtype}.jsonl"
+        args = ["classify", str(source), *LABEL_ARGS, "--output", str(outputs[dtype]), "--dtype", dtype]
+        code, err = run([*args, "--batch-size", "4", *TINY], capsys)
+        assert code == 0, err
+    labels = {
+        dtype: [json.loads(line)["predicted_label"] for line in path.read_text().splitlines()]
+        for dtype, path in outputs.items()
+    }
+    assert labels["auto"] == labels["float32"], "auto changed a label"
+    if bfloat16_speed > 1:
+        assert "--dtype auto: bfloat16 (its matmul runs at 8.0x float32's here), verified" in err, err
+        assert re.search(r"--dtype auto: \d+ of 24 rows rescored in float32 .*every label is float32's", err), err
+        assert "bfloat16 verified in float32" in err
+    else:
+        assert "--dtype auto: float32 (half precision is not 1.5x faster here: matmul bfloat16 0.02x)" in err, err
+        assert "rescored" not in err
 
 
 def test_collapsed_predictions_end_with_a_warning(tmp_path):

@@ -6,7 +6,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -69,17 +68,28 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
     assert seen[n:, :n].all(), "every label token sees the whole prompt"
 
 
-def test_kv_cache_drawing_counts_what_is_reused_and_appended(tmp_path):
-    prefix = np.random.default_rng(0).normal(size=(6, 4))
-    after = np.vstack([prefix, np.ones((3, 4))])
+def test_kv_cache_drawing_shows_positions_layers_and_bytes_from_the_cache_itself(tmp_path):
+    from transformers import DynamicCache
+
+    def cache(positions, layers=3, heads=2, dims=4):
+        held = DynamicCache()
+        for layer in range(layers):
+            held.update(torch.ones(1, heads, positions, dims), torch.ones(1, heads, positions, dims), layer)
+        return held
+
     snapshots = [
-        ("the prefix", prefix, ["reused"] * 6),
-        ("+ ticket", after, ["reused"] * 6 + ["appended"] * 3),
-        ("crop", np.vstack([prefix, np.full((3, 4), np.nan)]), ["reused"] * 6 + ["dropped"] * 3),
+        ("the prefix", cache(6), ["reused"] * 6),
+        ("+ ticket", cache(9), ["reused"] * 6 + ["appended"] * 3),
+        ("crop", cache(6), ["reused"] * 6 + ["dropped"] * 3),
     ]
     fig, path = plot_kv_cache(snapshots, "caption", path=tmp_path / "kv.png")
     plt.close(fig)
-    assert path.stat().st_size > 0 and "the 6-token prefix" in suptitle(fig)
-    assert "6 reused, 3 appended" in fig.axes[1].get_title().replace("\n", " ")
-    with pytest.raises(ValueError, match="positions but"):
-        plot_kv_cache([("bad", prefix, ["reused"])], "caption", path=tmp_path / "bad.png")
+    ax = fig.axes[0]
+    title = ax.get_title().replace("\n", " ")
+    assert path.stat().st_size > 0 and "the 6-token prefix once, 3 layers deep" in title, title
+    texts = [text.get_text() for text in ax.texts]
+    bytes_at_9 = 2 * 3 * 2 * 9 * 4 * 4  # keys and values x layers x heads x positions x dims x 4 bytes
+    assert f"9 positions x 3 layers: {bytes_at_9 / 1e6:.1f} MB" in texts, texts
+    assert "2 heads x 4 dims" in ax.get_xlabel(), ax.get_xlabel()
+    with pytest.raises(ValueError, match="holds 6 positions but kinds name 5"):
+        plot_kv_cache([("bad", cache(6), ["reused"] * 5)], "caption", path=tmp_path / "bad.png")

@@ -114,11 +114,17 @@ def test_the_device_comes_from_the_argument_then_slm_device_then_the_best_availa
 def test_threads_are_shared_out_among_the_processes_of_one_machine(monkeypatch):
     monkeypatch.setattr(models, "cpu_threads", lambda: 16)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert models.process_threads() == 16
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # e.g. torchrun --nproc_per_node 4 on a 4-GPU box
     assert models.process_threads() == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
     assert models.process_threads() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a cap the user set: honoured, never raised
+    assert models.process_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    assert models.process_threads() == 16
 
 
 def test_converted_cache_is_reused():

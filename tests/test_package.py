@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 MODULES = sorted(p for p in (ROOT / "helpers").glob("*.py") if p.stem not in ("__init__", "__main__"))
-TEACHING = ["generation", "scoring", "checks", "prefix_cache", "batching", "bench", "data"]
+TEACHING = ["generation", "scoring", "checks", "prefix_cache", "batching", "bench", "data", "precision"]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)
@@ -84,3 +84,18 @@ def test_no_two_modules_import_each_other_in_a_circle():
 
     circles = sorted(name for name in graph if reaches(name, name))
     assert not circles, f"helpers modules in an import circle: {circles}"
+
+
+def test_lesson_times_have_one_source_the_reference_runs_table():
+    """README.md and TEACHING.md point to reference-run/README.md (written by make reference) for how long each
+    lesson runs, and state no wall time of their own that could drift from it."""
+    for page in ("README.md", "TEACHING.md"):
+        text = (ROOT / page).read_text()
+        assert "reference-run/README.md" in text, f"{page} does not point to the reference run's times"
+        stated = re.findall(r"\b\d+ ?(?:s|seconds)\b", text)  # minutes are reading and room times, not run times
+        assert not stated, f"{page} states wall times itself: {stated}"
+    table = (ROOT / "reference-run" / "README.md").read_text()
+    for notebook in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        assert re.search(rf"\[{notebook.name}\]\({notebook.name}\) \| \d+ s \|", table), (
+            f"reference-run/README.md has no wall time for {notebook.name}: run make reference"
+        )

@@ -186,7 +186,7 @@ def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_onl
 # --- figure details an instructor puts on screen ---
 
 
-def test_the_saturation_figure_draws_one_long_sequence_beside_batched_rows_and_says_what_batching_gains(tmp_path):
+def test_the_saturation_figure_has_one_x_axis_rows_per_call_and_says_what_batching_gains(tmp_path):
     from helpers.plots import plot_saturation
     from tests.test_profile import synthetic
 
@@ -194,16 +194,15 @@ def test_the_saturation_figure_draws_one_long_sequence_beside_batched_rows_and_s
     fig, path = plot_saturation(profile, 96, path=tmp_path / "s.png")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert any(label.startswith("one sequence of n tokens") for label in labels), labels
-    assert any(label.startswith("rows of 96 tokens per call, 1 to 32 rows") for label in labels), labels
-    assert any(
-        label.startswith("32 median tickets in one call: 3072 tokens,") and "batched" in label for label in labels
-    )
-    assert f"32 median rows in one call run {profile.batching_gain(32):.2f}x the tokens/s of one row" in title_of(fig)
+    assert labels[0] == "rows of 96 tokens per call", labels
+    alone = f"one median ticket (96 tokens) alone: {profile.tokens_per_s(96):.0f}/s"
+    assert any(label.startswith(alone) for label in labels), labels
+    assert ax.get_xlabel() == "rows per forward call (batch size)" and ax.get_ylim()[0] == 0
+    assert f"32 rows run {profile.batching_gain(32):.2f}x the tokens/s of one" in title_of(fig)
     beyond = synthetic()
     beyond.batched = beyond.batched[:3]  # measured to 4 rows only
     fig, _ = plot_saturation(beyond, 96, path=tmp_path / "b.png")
-    assert any("beyond the batched curve" in label for label in fig.axes[0].get_legend_handles_labels()[1])
+    assert "beyond the measured rows" in title_of(fig)
     plt.close("all")
 
 
@@ -213,8 +212,14 @@ def test_padded_batches_colour_ticket_tokens_as_every_figure_does(tmp_path):
     from helpers.drawings import BATCH_SHADES, SEGMENT_COLOURS, plot_padded_batches
 
     lengths = [5, 9, 3, 7]
-    fig, _ = plot_padded_batches(lengths, {"sorted": [[2, 0], [3, 1]]}, "caption", path=tmp_path / "p.png")
-    colours = {to_hex(bar.get_facecolor()) for bar in fig.axes[0].patches}
+    fig, _ = plot_padded_batches(lengths, {"sorted": [[1, 3], [0, 2]]}, "caption", path=tmp_path / "p.png")
+    bars = fig.axes[0].patches
+    colours = {to_hex(bar.get_facecolor()) for bar in bars}
+    # each row: its padding (grey, from 0) then its tokens, ending at its batch's longest
+    assert [bar.get_width() for bar in bars] == [0, 2, 0, 2, 9, 7, 5, 3], [bar.get_width() for bar in bars]
+    assert [bar.get_x() for bar in bars[4:]] == [0, 2, 0, 2]
+    title = " ".join(fig.get_suptitle().split())
+    assert title == "4 tickets in batches of 2: sorted 14% padding, sorted 14%", title
     assert to_hex(SEGMENT_COLOURS["ticket"]) == to_hex(BATCH_SHADES[0])
     assert colours == {to_hex("0.8"), *(to_hex(shade) for shade in BATCH_SHADES)}, colours
     plt.close("all")

@@ -1,0 +1,106 @@
+"""The verified half-precision path (notebook 05, ``classify --dtype auto``): the threshold rule, and the rescoring
+on both twins and the embedded model, every label equal to float32's."""
+
+import pytest
+import torch
+
+from helpers.batching import score_batched
+from helpers.data import LABELS
+from helpers.precision import half_copy, margin_error, near_ties, score_verified, threshold_for
+from helpers.scoring import LabelScorer, LabelScores
+from tests.conftest import prompts_for
+
+
+def scores(rows):
+    return LabelScores(list(LABELS), torch.tensor(rows, dtype=torch.float32))
+
+
+def test_the_margin_error_is_the_largest_change_in_a_difference_of_two_labels():
+    full = scores([[-0.5, -1.5, -3.0], [-1.0, -1.1, -2.0]])
+    half = scores([[-0.4, -1.7, -3.0], [-1.0, -1.1, -2.05]])
+    # row 1 changes by (+0.1, -0.2, 0): billing - technical moved by 0.3; row 2 by (0, 0, -0.05): 0.05
+    assert margin_error(half, full) == pytest.approx(0.3)
+    assert threshold_for(0.3) == pytest.approx(0.6) and threshold_for(0.3, safety=1) == pytest.approx(0.3)
+    assert near_ties(half, 0.2) == [1] and near_ties(half, 2.0) == [0, 1] and near_ties(half, 0.0) == []
+    with pytest.raises(ValueError, match="same rows and labels"):
+        margin_error(half[:1], full)
+    with pytest.raises(ValueError, match="non-finite"):
+        margin_error(scores([[float("nan"), 0.0, 0.0]]), full[:1])
+    with pytest.raises(ValueError, match="safety factor >= 1"):
+        threshold_for(0.3, safety=0.5)
+
+
+def test_no_row_whose_margin_clears_the_error_can_change_its_label():
+    """The rule itself, on many random rows: perturb every label's score by changes whose spread is at most e; every
+    row whose perturbed top-two margin is at least e keeps its label."""
+    generator = torch.Generator().manual_seed(0)
+    full = torch.randn(5_000, 3, generator=generator)
+    change = torch.rand(5_000, 3, generator=generator) * 0.8 - 0.4
+    half = scores((full + change).tolist())
+    error = margin_error(half, scores(full.tolist()))
+    assert error <= 0.8
+    safe = torch.ones(len(half), dtype=torch.bool)
+    safe[near_ties(half, error)] = False
+    assert safe.sum() > 2_000, "many rows clear the bound: the test would prove nothing otherwise"
+    assert (half.log_scores[safe].argmax(-1) == full[safe].argmax(-1)).all()
+    flipped = (half.log_scores.argmax(-1) != full.argmax(-1)).sum()
+    assert flipped > 0, "some near ties do flip: the threshold is what saves them"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_model, tickets, few_shot, dtype):
+    model, tokenizer, _ = any_model
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"], few_shot)
+    reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    half_model = half_copy(model, dtype)
+    assert model.dtype == torch.float32 and half_model.dtype == getattr(torch, dtype), "the float32 model is kept"
+    verified = score_verified(
+        half_model, model, tokenizer, scorer, prompts, calibration=6, strategy="sorted", batch_size=4
+    )
+    assert verified.predictions == reference.predictions
+    info = verified.info
+    assert info["calibration"] == 6 and info["threshold"] == threshold_for(info["margin_error"])
+    # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches)
+    calibration = score_batched(half_model, tokenizer, scorer, prompts[:6], "sorted", 4, progress=False)
+    rest = score_batched(half_model, tokenizer, scorer, prompts[6:], "sorted", 4, progress=False)
+    assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[:6]), abs=1e-4)
+    # the calibration rows keep float32's scores; after them, exactly the near ties were rescored, to float32's
+    assert torch.allclose(verified.log_scores[:6], reference.log_scores[:6], atol=1e-4)
+    rescored = info["rescored"]
+    assert rescored == [6 + i for i in near_ties(rest, info["threshold"])]
+    assert torch.allclose(verified.log_scores[rescored], reference.log_scores[rescored], atol=1e-4)
+    kept = [i - 6 for i in range(6, len(prompts)) if i not in rescored]
+    assert torch.equal(verified.log_scores[[6 + i for i in kept]], rest.log_scores[kept])
+    everything = score_verified(half_model, model, tokenizer, scorer, prompts, threshold=float("inf"), strategy="loop")
+    assert everything.info["rescored"] == list(range(everything.info["calibration"], len(prompts)))
+    assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
+    landed = []
+    nothing = score_verified(
+        half_model,
+        model,
+        tokenizer,
+        scorer,
+        prompts,
+        calibration=0,
+        threshold=0.0,
+        strategy="sorted",
+        batch_size=4,
+        on_batch=lambda items, scores, full: landed.extend(items),
+    )
+    assert nothing.info["rescored"] == [] and nothing.log_scores.dtype == torch.float32
+    assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
+
+
+def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
+    """Trained weights, where rounding moves real margins: a handful of short prompts (bfloat16 on a CPU without
+    bfloat16 instructions is slow)."""
+    model, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, LABELS)
+    texts = ["I was charged twice this month", "The app crashes on start", "Change my login email", "Refund please"]
+    prompts = prompts_for(tokenizer, texts)
+    reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    half_model = half_copy(model, "bfloat16")
+    verified = score_verified(half_model, model, tokenizer, scorer, prompts, calibration=2, strategy="loop")
+    assert 0 < verified.info["margin_error"] < 1, f"bfloat16 moved a margin by {verified.info['margin_error']}"
+    assert verified.predictions == reference.predictions
