@@ -114,7 +114,7 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
         ax.text(
             len(kinds) + longest * 0.02,
             row,
-            f"{held} positions x {layers} layers: {nbytes / 1e6:.1f} MB",
+            f"{held} positions x {layers} layers: {nbytes / 2**20:.1f} MiB",
             va="center",
             fontsize=8,
         )
@@ -125,7 +125,7 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
     ax.set_xlim(0, longest * 1.45)
     ax.set_xlabel(
         f"token position in the cache (each one: a key and a value per layer, {first.shape[1]} heads x "
-        f"{first.shape[3]} dims, {per_position / 1e3:.0f} kB)"
+        f"{first.shape[3]} dims, {per_position / 2**10:.0f} KiB)"
     )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))

@@ -182,8 +182,10 @@ class MachineProfile:
         return _interpolate(self.batched, rows)
 
     def batching_gain(self, rows: float) -> float:
-        """How much faster per token ``rows`` median-length rows run in one call than one row alone (1.0: none)."""
-        return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
+        """How much faster per token ``rows`` median-length rows run in one call than one such ticket alone, as the
+        loop runs it (one sequence per call, on the single-sequence curve). One batched row can be below 1.0: a
+        batched call's mask and positions cost something."""
+        return self.batched_tokens_per_s(rows) / self.tokens_per_s(self.batch_row_tokens)
 
     @property
     def batch_knee(self) -> int:

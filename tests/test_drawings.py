@@ -89,7 +89,7 @@ def test_kv_cache_drawing_shows_positions_layers_and_bytes_from_the_cache_itself
     assert path.stat().st_size > 0 and "the 6-token prefix once, 3 layers deep" in title, title
     texts = [text.get_text() for text in ax.texts]
     bytes_at_9 = 2 * 3 * 2 * 9 * 4 * 4  # keys and values x layers x heads x positions x dims x 4 bytes
-    assert f"9 positions x 3 layers: {bytes_at_9 / 1e6:.1f} MB" in texts, texts
+    assert f"9 positions x 3 layers: {bytes_at_9 / 2**20:.1f} MiB" in texts, texts
     assert "2 heads x 4 dims" in ax.get_xlabel(), ax.get_xlabel()
     with pytest.raises(ValueError, match="holds 6 positions but kinds name 5"):
         plot_kv_cache([("bad", cache(6), ["reused"] * 5)], "caption", path=tmp_path / "bad.png")
