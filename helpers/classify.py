@@ -20,7 +20,7 @@ from . import resume, tables
 from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .checks import assert_agrees, tolerance_for
 from .data import build_prompt, encode_prompt, uses_chat_template
-from .precision import choose_half, half_copy, near_ties, score_verified
+from .precision import choose_half, near_ties, score_verified
 from .prefix_cache import PrefixCache
 from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores, score_one_by_one
@@ -244,7 +244,7 @@ def classify_file(
         model, tokenizer, info = load_model(model_name, dtype=wanted_dtype, device=run_device, verbose=main)
         half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
         if auto:
-            tell(f"--dtype auto: {why}" + (", verified: near ties rescored in float32" if half else ""))
+            tell(f"--dtype auto: {why}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))
         # The labels as the loaded model's tokenizer splits them: token ids must index this model's vocabulary.
         scorer = LabelScorer(tokenizer, checked_labels, complete=whole_answers)
         end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
@@ -254,12 +254,9 @@ def classify_file(
         texts = [record[text_column] for record in table.records]
         prompts, cut = prepare_prompts(tokenizer, texts, checked_labels, examples, limit, truncate, source, end_tokens)
 
-        def prefix_for(scoring_model):
-            if not prefix_cache:
-                return None
-            return PrefixCache.for_prompts(scoring_model, tokenizer, labels=checked_labels, examples=examples)
-
-        prefix = prefix_for(model)
+        prefix = None
+        if prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
+            prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
         shard, rescored = [], []
@@ -281,18 +278,9 @@ def classify_file(
                 if half is None:
                     score_batched(model, tokenizer, scorer, share, *plan, prefix, progress=False, on_batch=landed)
                 else:  # the first rows calibrate the bound and land in float32 (helpers.precision)
-                    half_model, (strategy, size, budget) = half_copy(model, half), plan
+                    strategy, size, budget = plan
                     options = dict(strategy=strategy, batch_size=size, token_budget=budget, on_batch=landed)
-                    verified = score_verified(
-                        half_model,
-                        model,
-                        tokenizer,
-                        scorer,
-                        share,
-                        half_prefix=prefix_for(half_model),
-                        full_prefix=prefix,
-                        **options,
-                    )
+                    verified = score_verified(model, tokenizer, scorer, share, half, prefix=prefix, **options)
                     rescored = verified.info["rescored"]
             finally:
                 writer.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import textwrap
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 from .plots import finish, set_title
 
@@ -44,23 +43,22 @@ def plot_generate_vs_score(
     widths = [*steps["input_tokens"], scored]
     colours = ["C3"] * len(steps) + ["C0"]
     left.barh(range(len(rows)), widths, color=colours, alpha=0.8)
+    gap = prompt * 0.03  # the notes start just right of each bar
     for k, step in enumerate(steps.itertuples()):
         left.text(
-            step.input_tokens * 1.15,
+            step.input_tokens + gap,
             k,
             f"{step.input_tokens} token(s) in -> {step.token!r} (p = {step.probability:.2f})",
             va="center",
             fontsize=8,
         )
     parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
-    left.text(
-        scored * 1.15, len(steps), f"{scored} tokens{parts} in -> every label's probability", va="center", fontsize=8
-    )
-    left.set_xscale("log")
-    left.set_xlim(0.7, prompt * 60)
+    note = f"{scored} tokens{parts} in -> every label's probability"
+    left.text(scored + gap, len(steps), note, va="center", fontsize=8)
+    left.set_xlim(0, max(widths) * 3.4)  # linear from zero: a one-token pass is a sliver beside the prompt's
     left.set_yticks(range(len(rows)), rows, fontsize=8)
     left.invert_yaxis()
-    left.set_xlabel("tokens the forward pass processes (log scale)")
+    left.set_xlabel("tokens the forward pass processes")
     left.set_title("forward passes for one ticket", fontsize=9)
     right.barh(range(len(labels)), probs, color="C0")
     for k, p in enumerate(probs):
@@ -73,9 +71,8 @@ def plot_generate_vs_score(
     answer = "".join(steps["token"]) if answer is None else answer
     if title is None:
         title = (
-            f"Generating {answer.strip()!r} took {len(steps)} forward passes and gives text to parse; scoring "
-            f"takes 1 and gives {len(labels)} probabilities (top: {labels[int(np.argmax(probs))]}, "
-            f"{max(probs):.0%})"
+            f"One ticket: generating took {len(steps)} forward passes and returned text to parse ({answer.strip()!r}); "
+            f"scoring took 1 and returned every label's probability"
         )
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, info, path)

@@ -231,8 +231,9 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
     """What batching can gain on this machine: the profile's prefill tokens/s against rows per forward call, rows
-    of ``profile.batch_row_tokens`` tokens (about a median ticket each), beside one median ticket alone (a dashed
-    line). ``rows``: the batch size the title reads the gain at."""
+    of ``profile.batch_row_tokens`` tokens (about a median ticket each), beside one such ticket alone (a dashed line;
+    ``median``, the workload's median prompt, named beside it). ``rows``: the batch size the title reads the gain
+    at."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     counts, batched = zip(*sorted(profile.batched))
     width = profile.batch_row_tokens
@@ -241,8 +242,9 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
         ax.annotate(
             f"{rate:.0f}", (count, rate), fontsize=7, color="C2", xytext=(0, 6), textcoords="offset points", ha="center"
         )
-    alone = profile.tokens_per_s(median)
-    ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one median ticket ({median} tokens) alone: {alone:.0f}/s")
+    alone = profile.tokens_per_s(width)  # the rows' own length: the title's ratio is against this line
+    about = f", the median is {median}" if median != width else ""
+    ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one {width}-token ticket alone{about}: {alone:.0f}/s")
     knee = profile.batch_knee
     ax.axvline(knee, color="0.5", lw=1, ls=":", label=f"90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
     ax.set_xscale("log", base=2)

@@ -1,6 +1,12 @@
 """Lower precision without changing a label (notebook 05): score in a half dtype, then rescore in float32 every
 ticket whose half-precision margin is too small to be sure of its label.
 
+Two ways to run a model in half precision: ``half_copy`` rounds every weight and activation to 16 bits, so the
+residual stream (the running sum every layer adds to) is rounded twice per layer; ``mixed_precision`` runs only the
+matrix multiplies in the half dtype (``torch.autocast``) and keeps that sum, the norms and the output layer in
+float32, at about the same speed where the multiplies dominate. Notebook 05 measures how far each moves a margin;
+the verified path uses the second.
+
 The rule: a label can only flip between two dtypes where the half-precision margin (the top label's log-score minus
 another label's) is smaller than the change rounding makes to that difference. ``margin_error`` measures that
 change on a calibration sample scored both ways; ``threshold_for`` multiplies it by a stated margin of safety (the
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -19,8 +26,10 @@ from .batching import score_batched
 from .checks import top2_margin
 from .scoring import LabelScores
 
-# Prompts scored in both dtypes to measure how far rounding moves a margin (they keep their float32 scores).
-CALIBRATION = 32
+# Prompts scored in both dtypes to measure how far rounding moves a margin (they keep their float32 scores). Each
+# costs a float32 pass and a half one: on a job of a few hundred rows, 32 of them took a quarter of the verified
+# path's time (classify, 300 rows); the safety factor below, not a larger sample, covers errors the sample missed.
+CALIBRATION = 16
 # The calibration sample's largest margin error times this is the rescoring threshold: a row of the full job may see
 # a larger error than any of the sample's, and rescoring a few rows too many costs little.
 SAFETY = 2.0
@@ -60,61 +69,98 @@ def near_ties(scores: LabelScores, threshold: float) -> list[int]:
 
 
 def half_copy(model, dtype: str):
-    """A copy of ``model`` in ``dtype`` (the float32 model stays as it is, for the rescoring). Notebook 05, section
+    """A copy of ``model`` with every weight in ``dtype`` (the float32 model stays as it is). Notebook 05, section
     2."""
     return copy.deepcopy(model).to(getattr(torch, dtype))
 
 
+@contextmanager
+def mixed_precision(model, dtype: str):
+    """Inside this block ``model``'s matrix multiplies run in ``dtype`` (``torch.autocast``); its residual stream,
+    norms and output layer stay float32. The weights stay float32: autocast rounds each to ``dtype`` once per block
+    (its cache keeps the copies of weights that require grad, as loaded models' do). Notebook 05, section 2."""
+    device = model.device.type
+    head = model.get_output_embeddings()
+    own = vars(head).get("forward")  # an instance's own forward (a hook's wrapper, say) is put back as it was
+    forward = head.forward
+
+    def float32_head(hidden):
+        # Logits near 20 stored in 16 bits keep steps of 0.125: rounding them alone would move a margin that much.
+        with torch.autocast(device, enabled=False):
+            return forward(hidden.float())
+
+    head.forward = float32_head
+    try:
+        with torch.autocast(device, dtype=getattr(torch, dtype)):
+            yield
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
 def score_verified(
-    half_model,
-    full_model,
+    model,
     tokenizer,
     scorer,
     prompts,
+    dtype: str,
     calibration: int | None = None,
     safety: float = SAFETY,
     threshold: float | None = None,
-    half_prefix=None,
-    full_prefix=None,
+    prefix=None,
     on_batch=None,
     **plan,
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05,
-    section 4. The first ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (``full_model``;
-    they keep those scores) and in the half dtype (``half_model``); the threshold is their largest margin error times
-    ``safety`` (or ``threshold`` as given); the rest are scored in the half dtype, each row under the threshold
-    rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size or token_budget for every pass; the
-    prefixes are each model's own ``PrefixCache``; ``on_batch`` as ``score_batched``'s, with each batch's final
-    scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` (input positions), ``calibration``, ``seconds``,
-    ``items_per_s``."""
+    section 4. ``model`` is the float32 model, run in ``dtype`` through ``mixed_precision``. The first
+    ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (they keep those scores) and in ``dtype``;
+    the threshold is their largest margin error times ``safety`` (or ``threshold`` as given); the rest are scored in
+    ``dtype``, each row under the threshold rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size
+    or token_budget for every pass; ``prefix``: the model's float32 ``PrefixCache`` (both passes read it);
+    ``on_batch`` as ``score_batched``'s, with each batch's final scores. ``info``: ``margin_error``, ``threshold``,
+    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
     if threshold is None and k < 1:
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
     log_scores = torch.empty(len(prompts), len(scorer.labels))
+
+    def full(chosen, **options):  # float32, also inside a mixed-precision block
+        with torch.autocast(model.device.type, enabled=False):
+            return score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **options, **plan)
+
     error = None
     if k:
-        first = score_batched(full_model, tokenizer, scorer, prompts[:k], prefix=full_prefix, on_batch=on_batch, **plan)
-        in_half = score_batched(half_model, tokenizer, scorer, prompts[:k], prefix=half_prefix, **plan)
+        first = full(prompts[:k], on_batch=on_batch)
+        with mixed_precision(model, dtype):
+            in_half = score_batched(model, tokenizer, scorer, prompts[:k], prefix=prefix, **plan)
         log_scores[:k] = first.log_scores
         error = margin_error(in_half, first)
         threshold = threshold_for(error, safety) if threshold is None else threshold
-    rescored = []
+    rescored = []  # near ties, input positions: rescored together at the end, sorted, they pad less than a few a batch
 
-    def checked(items, scores, full):  # a half-precision batch: its near ties rescored before it counts
-        near = near_ties(LabelScores(scorer.labels, scores), threshold)
-        if near:
-            again = [prompts[k + items[j]] for j in near]
-            scores = scores.clone()
-            scores[near] = score_batched(full_model, tokenizer, scorer, again, prefix=full_prefix, **plan).log_scores
-            rescored.extend(k + items[j] for j in near)
-        log_scores[[k + i for i in items]] = scores
+    def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
+        near = set(near_ties(LabelScores(scorer.labels, scores), threshold))
+        sure = [j for j in range(len(items)) if j not in near]
+        rescored.extend(k + items[j] for j in sorted(near))
+        if sure:
+            log_scores[[k + items[j] for j in sure]] = scores[sure]
+            if on_batch is not None:
+                on_batch([k + items[j] for j in sure], scores[sure], was_full)
+
+    def landed(items, scores, was_full):  # a float32 batch of near ties
+        log_scores[[rescored[j] for j in items]] = scores
         if on_batch is not None:
-            on_batch([k + i for i in items], scores, full)
+            on_batch([rescored[j] for j in items], scores, was_full)
 
     if k < len(prompts):
-        score_batched(half_model, tokenizer, scorer, prompts[k:], prefix=half_prefix, on_batch=checked, **plan)
+        with mixed_precision(model, dtype):
+            score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
+    if rescored:
+        full([prompts[i] for i in rescored], on_batch=landed)
     seconds = time.perf_counter() - start
     info = {
         "margin_error": error,

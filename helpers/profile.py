@@ -34,7 +34,7 @@ from torch.utils import benchmark
 from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, machine_name, threads_text
 from .timing import Stopwatch
 
-PROFILE_VERSION = 8  # 7: the roof from torch.utils.benchmark; no cost model. 8: no decode step
+PROFILE_VERSION = 10  # 7: roof from torch.utils.benchmark. 8: no decode step. 9: every weight shape. 10: all threads
 SLOW_DTYPE_RATIO = 0.5  # a half dtype whose matmul runs below this share of float32's is not worth running
 PREFILL_SIZES = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -85,16 +85,24 @@ def matmul_gflops(
         return None
     if slow is not None and flops / first.seconds / 1e9 < slow:
         return flops / first.seconds / 1e9
-    timer = benchmark.Timer("a @ b", globals={"a": a, "b": b})
+    # Timer runs on one thread unless told otherwise: the roof is every thread the model's forward uses
+    timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
     timer.blocked_autorange(min_run_time=min_run_time / 4)  # warm-up: clocks ramp up, kernels are picked
     measured = timer.blocked_autorange(min_run_time=min_run_time)
     return flops / min(measured.times) / 1e9  # a roof is a maximum: the fastest block
 
 
-def roof_shape(model, device: torch.device) -> tuple[int, int, int]:
-    """The model's MLP matmul with enough tokens to keep the device busy (2048 on a CPU, far more on a GPU)."""
+def roof_shapes(model, device: torch.device) -> list[tuple[int, int, int]]:
+    """Every distinct shape of the model's weight matrices (its linear layers but the output layer) as a matmul, with
+    enough tokens to keep the device busy (2048 on a CPU, far more on a GPU): the roof is the fastest of them, since a
+    forward pass runs them all and a roof is a maximum."""
     tokens = 2048 if device.type == "cpu" else 16384
-    return tokens, model.config.hidden_size, model.config.intermediate_size
+    head = model.get_output_embeddings()
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if not linear:  # weights held otherwise (GPT-2's Conv1D): the MLP's shape from the config
+        hidden = model.config.hidden_size
+        return [(tokens, hidden, getattr(model.config, "intermediate_size", None) or 4 * hidden)]
+    return sorted({(tokens, m.in_features, m.out_features) for m in linear}, key=lambda s: -s[1] * s[2])
 
 
 def _rate_curve(model, counts: Iterable[int], make_inputs, least: int = 64) -> list[tuple[int, float]]:
@@ -156,7 +164,7 @@ class MachineProfile:
     dtype: str
     device: str
     threads: int
-    matmul_gflops: dict[str, float]
+    matmul_gflops: dict[str, float]  # per dtype: the fastest of the model's weight shapes (roof_shapes)
     prefill: list[tuple[int, float]]
     batched: list[tuple[int, float]] = field(default_factory=list)  # (rows per call, tokens/s)
     batch_row_tokens: int = BATCH_ROW_TOKENS
@@ -271,14 +279,21 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
     if verbose:
         print("measuring this machine (once; cached for later notebooks) ...")
     start, device = time.perf_counter(), model.device
-    shape = roof_shape(model, device)
+    shapes = roof_shapes(model, device)
     matmul: dict[str, float] = {}
     for dtype in dtype_candidates(device):  # float32 first
-        # On a CPU a dtype far below half of float32's is answered by its first call
+        # On a CPU a dtype far below half of float32's is answered by its first call, on the largest shape alone
         slow = SLOW_DTYPE_RATIO * matmul["float32"] / 4 if matmul and device.type == "cpu" else None
-        gflops = matmul_gflops(device, dtype, shape, slow=slow)
-        if gflops is not None:
-            matmul[str(dtype).removeprefix("torch.")] = gflops
+        rates = []
+        for shape in shapes:
+            rate = matmul_gflops(device, dtype, shape, min_run_time=0.5, slow=slow)
+            if rate is None:  # an unsupported dtype
+                break
+            rates.append(rate)
+            if slow is not None and rate < slow:
+                break
+        if rates:
+            matmul[str(dtype).removeprefix("torch.")] = max(rates)
     finite = {
         name: half_precision_finite(model, name)
         for name, gflops in matmul.items()

@@ -48,9 +48,10 @@ def test_generate_vs_score_counts_generations_passes_against_one(tmp_path):
     plt.close(fig)
     assert path.stat().st_size > 0
     title = suptitle(fig)
-    assert (
-        "'billing' took 2 forward passes" in title and "takes 1 and gives 3 probabilities (top: billing, 70%)" in title
-    )
+    assert "took 2 forward passes and returned text to parse ('billing')" in title and "scoring took 1" in title
+    left = fig.axes[0]
+    assert left.get_xscale() == "linear" and left.get_xlim()[0] == 0, "bar lengths read as token counts"
+    assert [bar.get_width() for bar in left.patches] == [120, 1, 120]
     with pytest.raises(ValueError, match="at least one generation step"):
         plot_generate_vs_score(steps.iloc[:0], {"a": 1.0}, "caption", path=tmp_path / "e.png")
 

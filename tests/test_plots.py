@@ -194,12 +194,15 @@ def test_the_saturation_figure_has_one_x_axis_rows_per_call_and_says_what_batchi
     from tests.test_profile import synthetic
 
     profile = synthetic()
-    fig, path = plot_saturation(profile, 96, path=tmp_path / "s.png")
+    fig, path = plot_saturation(profile, 101, path=tmp_path / "s.png")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
     assert labels[0] == "rows of 96 tokens per call", labels
-    alone = f"one median ticket (96 tokens) alone: {profile.tokens_per_s(96):.0f}/s"
-    assert any(label.startswith(alone) for label in labels), labels
+    # the dashed line is what the title's ratio divides by: a ticket as long as the rows, the median named beside it
+    alone = f"one 96-token ticket alone, the median is 101: {profile.tokens_per_s(96):.0f}/s"
+    assert alone in labels, labels
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"][0]
+    assert dashed.get_ydata()[0] * profile.batching_gain(32) == pytest.approx(profile.batched_tokens_per_s(32))
     assert ax.get_xlabel() == "rows per forward call (batch size)" and ax.get_ylim()[0] == 0
     assert f"32 rows run {profile.batching_gain(32):.2f}x the tokens/s of one" in title_of(fig)
     beyond = synthetic()

@@ -6,7 +6,7 @@ import torch
 
 from helpers.batching import score_batched
 from helpers.data import LABELS
-from helpers.precision import half_copy, margin_error, near_ties, score_verified, threshold_for
+from helpers.precision import half_copy, margin_error, mixed_precision, near_ties, score_verified, threshold_for
 from helpers.scoring import LabelScorer, LabelScores
 from tests.conftest import prompts_for
 
@@ -53,17 +53,31 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     scorer = LabelScorer(tokenizer, LABELS)
     prompts = prompts_for(tokenizer, tickets["text"], few_shot)
     reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
-    half_model = half_copy(model, dtype)
-    assert model.dtype == torch.float32 and half_model.dtype == getattr(torch, dtype), "the float32 model is kept"
+    relayed = []  # what on_batch hands on: (input positions, their final scores)
     verified = score_verified(
-        half_model, model, tokenizer, scorer, prompts, calibration=6, strategy="sorted", batch_size=4
+        model,
+        tokenizer,
+        scorer,
+        prompts,
+        dtype,
+        calibration=6,
+        strategy="sorted",
+        batch_size=4,
+        on_batch=lambda items, scores, full: relayed.append((items, scores.clone())),
     )
+    landed = [i for items, _ in relayed for i in items]
+    assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
+    for items, scores in relayed:
+        assert torch.equal(scores, verified.log_scores[items]), "a row landed with other scores than it ends with"
+    assert model.dtype == torch.float32 and "forward" not in vars(model.get_output_embeddings()), "the model is kept"
     assert verified.predictions == reference.predictions
     info = verified.info
     assert info["calibration"] == 6 and info["threshold"] == threshold_for(info["margin_error"])
     # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches)
-    calibration = score_batched(half_model, tokenizer, scorer, prompts[:6], "sorted", 4, progress=False)
-    rest = score_batched(half_model, tokenizer, scorer, prompts[6:], "sorted", 4, progress=False)
+    with mixed_precision(model, dtype):
+        calibration = score_batched(model, tokenizer, scorer, prompts[:6], "sorted", 4, progress=False)
+        rest = score_batched(model, tokenizer, scorer, prompts[6:], "sorted", 4, progress=False)
+    assert margin_error(rest, reference[6:]) > 0, "the block ran the model in half precision"
     assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[:6]), abs=1e-4)
     # the calibration rows keep float32's scores; after them, exactly the near ties were rescored, to float32's
     assert torch.allclose(verified.log_scores[:6], reference.log_scores[:6], atol=1e-4)
@@ -72,16 +86,16 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     assert torch.allclose(verified.log_scores[rescored], reference.log_scores[rescored], atol=1e-4)
     kept = [i - 6 for i in range(6, len(prompts)) if i not in rescored]
     assert torch.equal(verified.log_scores[[6 + i for i in kept]], rest.log_scores[kept])
-    everything = score_verified(half_model, model, tokenizer, scorer, prompts, threshold=float("inf"), strategy="loop")
+    everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), strategy="loop")
     assert everything.info["rescored"] == list(range(everything.info["calibration"], len(prompts)))
     assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
     landed = []
     nothing = score_verified(
-        half_model,
         model,
         tokenizer,
         scorer,
         prompts,
+        dtype,
         calibration=0,
         threshold=0.0,
         strategy="sorted",
@@ -100,7 +114,32 @@ def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
     texts = ["I was charged twice this month", "The app crashes on start", "Change my login email", "Refund please"]
     prompts = prompts_for(tokenizer, texts)
     reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
-    half_model = half_copy(model, "bfloat16")
-    verified = score_verified(half_model, model, tokenizer, scorer, prompts, calibration=2, strategy="loop")
+    verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=2, strategy="loop")
     assert 0 < verified.info["margin_error"] < 1, f"bfloat16 moved a margin by {verified.info['margin_error']}"
     assert verified.predictions == reference.predictions
+    # The residual stream and output layer in float32 move margins less than rounding the whole model (section 2).
+    with mixed_precision(model, "bfloat16"):
+        mixed = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    whole = score_batched(half_copy(model, "bfloat16"), tokenizer, scorer, prompts, "loop", progress=False)
+    assert margin_error(mixed, reference) < margin_error(whole, reference)
+
+
+def test_mixed_precision_keeps_the_output_layer_in_float32_and_puts_it_back(tiny_qwen):
+    model, tokenizer, _ = tiny_qwen
+    ids = tokenizer("The app crashes on start", return_tensors="pt").input_ids
+    head = model.get_output_embeddings()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast alone: 16-bit logits
+        assert model(input_ids=ids).logits.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="stopped inside"):
+        with mixed_precision(model, "bfloat16"):
+            assert model(input_ids=ids).logits.dtype == torch.float32
+            raise RuntimeError("stopped inside")
+    assert "forward" not in vars(head), "the class's forward is back, also after an error"
+    wrapper = head.forward  # an instance's own forward, as a hook's wrapper would be
+    head.forward = wrapper
+    try:
+        with mixed_precision(model, "bfloat16"), mixed_precision(model, "bfloat16"):  # nested, too
+            assert model(input_ids=ids).logits.dtype == torch.float32
+        assert vars(head)["forward"] is wrapper, "an instance's own forward is put back as it was"
+    finally:
+        del head.forward

@@ -74,23 +74,33 @@ def test_the_profile_measures_the_candidates_of_its_device(embedded, tmp_path, m
     monkeypatch.setattr(
         profiles, "half_precision_finite", lambda model, dtype: probed.append(dtype) or dtype != "bfloat16"
     )
-    bars = []
-    monkeypatch.setattr(
-        profiles,
-        "matmul_gflops",
-        lambda device, dtype, shape, slow=None: (
-            bars.append(slow) or {"float32": 100.0, "bfloat16": 80.0}[str(dtype)[6:]]
-        ),
-    )
+    calls, speeds = [], {"float32": 100.0, "bfloat16": 80.0}
     model, _, info = embedded
+    shapes = profiles.roof_shapes(model, model.device)
+
+    def fake_matmul(device, dtype, shape, min_run_time=1.0, slow=None):
+        calls.append((str(dtype)[6:], shape, slow))
+        return speeds[str(dtype)[6:]] * (1.0 if shape == shapes[1] else 0.9)  # the second shape is the fastest
+
+    monkeypatch.setattr(profiles, "matmul_gflops", fake_matmul)
     measured = machine_profile(model, info, refresh=True, verbose=False)
     assert list(measured.matmul_gflops) == ["float32", "bfloat16"], "a CPU measures float32 and bfloat16, not float16"
+    assert measured.matmul_gflops == {"float32": 100.0, "bfloat16": 80.0}, "each dtype's roof: its fastest shape"
     assert measured.batched == [(1, 10.0), (2, 15.0)]
-    assert bars == [None, 100.0 * profiles.SLOW_DTYPE_RATIO / 4], (
+    # SmolLM2: q/o 576x576, k/v 576x192, gate/up 576x1536, down 1536x576; the output layer is not among them
+    assert {shape[1:] for shape in shapes} == {(576, 576), (576, 192), (576, 1536), (1536, 576)}
+    assert [call[1] for call in calls] == shapes * 2, "every weight shape in every dtype"
+    bar = 100.0 * profiles.SLOW_DTYPE_RATIO / 4
+    assert [call[2] for call in calls] == [None] * len(shapes) + [bar] * len(shapes), (
         "float32 in full; the others answered early if far slower"
     )
     assert probed == ["bfloat16"] and measured.finite == {"bfloat16": False}, "a fast half dtype is probed once"
     assert measured.fast_dtypes() == ["float32"], "one that overflows is never worth running"
+    calls.clear()
+    speeds["bfloat16"] = 1.0  # far below float32's: its first (largest) shape answers for it
+    slow = machine_profile(model, info, refresh=True, verbose=False)
+    assert [call[0] for call in calls] == ["float32"] * len(shapes) + ["bfloat16"]
+    assert slow.matmul_gflops["bfloat16"] == pytest.approx(0.9)
 
 
 def test_a_dtype_far_below_float32_is_answered_by_its_first_call():
