@@ -4,8 +4,8 @@ ticket whose half-precision margin is too small to be sure of its label.
 Two ways to run a model in half precision: ``half_copy`` rounds every weight and activation to 16 bits, so the
 residual stream (the running sum every layer adds to) is rounded twice per layer; ``mixed_precision`` runs only the
 matrix multiplies in the half dtype (``torch.autocast``) and keeps that sum, the norms and the output layer in
-float32, at about the same speed where the multiplies dominate. Notebook 05 measures how far each moves a margin;
-the verified path uses the second.
+float32; it runs slower than the rounded copy (each multiply's operands are cast, the sums stay 32-bit), and
+notebook 05 measures both its speed and how far each moves a margin. The verified path uses the second.
 
 The rule: a label can only flip between two dtypes where the half-precision margin (the top label's log-score minus
 another label's) is smaller than the change rounding makes to that difference. ``margin_error`` measures that
