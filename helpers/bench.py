@@ -117,19 +117,18 @@ class Row:
             else f"{len(self.sample)} of {self.n} timed, x{self.scale:.2f}"
         )
 
+    def beyond_spread(self, other: Row) -> bool:
+        """Whether the two rows' repeats do not overlap (and each has at least two): a difference beyond the noise.
+        Notebook 04, Summary."""
+        (low, high), (other_low, other_high) = self.spread, other.spread
+        return min(len(self.seconds), len(other.seconds)) > 1 and (low > other_high or other_low > high)
+
     def __str__(self) -> str:
         low, high = self.spread
         return (
             f"{self.name} at {self.batch_size}: {self.items_per_s:.2f} items/s on {self.n} tickets ({self.timed}; "
             f"repeats {low:.2f}-{high:.2f})"
         )
-
-
-def beyond_spread(a: Row, b: Row) -> bool:
-    """Whether two rows' repeats do not overlap (and each has at least two): a difference beyond the noise.
-    Notebook 04, Summary."""
-    (a_low, a_high), (b_low, b_high) = a.spread, b.spread
-    return min(len(a.seconds), len(b.seconds)) > 1 and (a_low > b_high or b_low > a_high)
 
 
 def results_frame(rows: dict, reference: LabelScores, info, shots: int, prefix_tokens: int) -> pd.DataFrame:

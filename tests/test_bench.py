@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helpers.batching import padding_report, plan_batches, score_batched
-from helpers.bench import Row, beyond_spread, run_benchmark, sample_tickets, scale_to_plan, sweep_rows
+from helpers.bench import Row, run_benchmark, sample_tickets, scale_to_plan, sweep_rows
 from helpers.data import LABELS, make_tickets
 from helpers.scoring import LabelScorer
 
@@ -50,8 +50,8 @@ def test_rows_report_the_whole_plans_rate_and_their_spread():
     assert row.spread == pytest.approx((600 / 40.0, 600 / 20.0))
     assert "60 of 600 timed" in row.timed and "all 600 timed" in Row("loop", 1, 600, 1.0, list(range(600))).timed
     slower = Row("loop", 1, 600, scale=10.0, sample=[], seconds=[5.0, 6.0])
-    assert beyond_spread(row, slower) and not beyond_spread(row, Row("x", 1, 600, 10.0, [], seconds=[3.5, 4.5]))
-    assert not beyond_spread(row, Row("x", 1, 600, 10.0, [], seconds=[9.0])), "a single run has no spread"
+    assert row.beyond_spread(slower) and not row.beyond_spread(Row("x", 1, 600, 10.0, [], seconds=[3.5, 4.5]))
+    assert not row.beyond_spread(Row("x", 1, 600, 10.0, [], seconds=[9.0])), "a single run has no spread"
 
 
 def test_sweep_rows_run_the_loops_once_and_sorted_batches_at_every_size():
