@@ -56,14 +56,14 @@ notebooks: setup
 # fails when a copy's code drifts.
 reference: setup
 	rm -rf reference-run
-	$(PY) -m helpers.executed reference-run
+	$(PY) -m course.reference_run reference-run
 
 # Lint and format checks first (ruff: the settings are in pyproject.toml), then the tests: a worker per core, at most
 # 4 (each loads its own models; tests/conftest.py shares the threads out); an idle worker takes over a busy one's queue.
 # One process instead: make test PYTEST_ARGS="-p no:xdist".
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 test: setup
-	$(PY) -m ruff check helpers tests benchmarks && $(PY) -m ruff format --check helpers tests benchmarks
+	$(PY) -m ruff check helpers course tests benchmarks && $(PY) -m ruff format --check helpers course tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -1,5 +1,5 @@
 """Command line: ``python -m helpers check`` (notebook 00), ``python -m helpers bench ...`` (notebook 04),
-``python -m helpers classify ...`` and ``python -m helpers setup-cells`` (the notebooks' first cell)."""
+and ``python -m helpers classify ...`` (your own files)."""
 
 from __future__ import annotations
 
@@ -144,15 +144,12 @@ def run_check(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import bootstrap
-
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = "check this environment: versions, device, the embedded model, a Jupyter kernel"
     commands.add_parser("check", help=check).set_defaults(run=run_check)
     add_bench_parser(commands)
     add_classify_parser(commands)
-    bootstrap.add_parser(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -114,7 +114,7 @@ class Row:
         return (
             f"all {self.n} timed"
             if len(self.sample) == self.n
-            else f"{len(self.sample)} of {self.n} timed, x{self.scale:.2f}"
+            else f"{len(self.sample)} of {self.n} timed, scaled x{self.scale:.2f}"
         )
 
     def beyond_spread(self, other: Row) -> bool:

@@ -24,9 +24,11 @@ def bench_caption(frame) -> str:
     note = " (random weights: timing only)" if first["timing_only"] else ""
     dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
     machine = f" · {first['machine']}" if "machine" in frame else ""
+    timed = first.get("sample_tickets", first["n"])
+    tickets = f"{first['n']} tickets" if timed == first["n"] else f"{timed} of {first['n']} tickets timed, scaled"
     return (
         f"{first['model']}{note} · {dtypes} · {first['device']}, {threads_text(first['threads'])}{machine} · "
-        f"n={first['n']}, {first['shots']} shots"
+        f"{tickets}, {first['shots']} shots"
     )
 
 
@@ -231,7 +233,7 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
     """What batching can gain on this machine: the profile's prefill tokens/s against rows per forward call, rows
-    of ``profile.batch_row_tokens`` tokens (about a median ticket each), beside one such ticket alone (a dashed line;
+    of ``profile.batch_row_tokens`` tokens (about a median ticket each), against one such row per call (a dashed line;
     ``median``, the workload's median prompt, named beside it). ``rows``: the batch size the title reads the gain
     at."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
@@ -242,9 +244,9 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
         ax.annotate(
             f"{rate:.0f}", (count, rate), fontsize=7, color="C2", xytext=(0, 6), textcoords="offset points", ha="center"
         )
-    alone = profile.tokens_per_s(width)  # the rows' own length: the title's ratio is against this line
-    about = f", the median is {median}" if median != width else ""
-    ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one {width}-token ticket alone{about}: {alone:.0f}/s")
+    alone = profile.batched_tokens_per_s(1)  # the curve's own first point: the title's ratio is against this line
+    about = f" (the median prompt: {median})" if median != width else ""
+    ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one {width}-token row per call{about}: {alone:.0f}/s")
     knee = profile.batch_knee
     ax.axvline(knee, color="0.5", lw=1, ls=":", label=f"90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
     ax.set_xscale("log", base=2)
@@ -259,7 +261,7 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
         title
         or (
             f"Prefill tokens/s by rows per call: {rows} rows run {gain:.2f}x the tokens/s of one {width}-token "
-            "ticket alone"
+            "row"
             + (" (beyond the measured rows: flat)" if beyond else "")
             + f", 90 % of the peak from {knee} row{'s' if knee > 1 else ''}"
         ),

@@ -190,10 +190,10 @@ class MachineProfile:
         return _interpolate(self.batched, rows)
 
     def batching_gain(self, rows: float) -> float:
-        """How much faster per token ``rows`` median-length rows run in one call than one such ticket alone, as the
-        loop runs it (one sequence per call, on the single-sequence curve). One batched row can be below 1.0: a
-        batched call's mask and positions cost something."""
-        return self.batched_tokens_per_s(rows) / self.tokens_per_s(self.batch_row_tokens)
+        """How much faster per token ``rows`` median-length rows run in one call than one such row alone: both read
+        on the batched curve, measured the same way minutes apart (the single-sequence curve, timed at other moments
+        and read between its sizes, can differ from the batched curve's first point by more than the gain)."""
+        return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
 
     @property
     def batch_knee(self) -> int:

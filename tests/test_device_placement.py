@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.executed import sources
+from course.reference_run import sources
 
 NOTEBOOKS = sources()
 # Calls that build a tensor on the CPU unless told a device.

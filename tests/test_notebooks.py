@@ -231,7 +231,7 @@ REFERENCE_RUN = NOTEBOOK_DIR.parent / "reference-run"
 @pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)
 def test_the_reference_run_shows_the_current_code(notebook):
     """The committed executed copies (make reference) cannot drift: same code cells as the source, parameters aside."""
-    from helpers.executed import code_cells, copy_of
+    from course.reference_run import code_cells, copy_of
 
     copy = copy_of(notebook, REFERENCE_RUN)
     assert copy.exists(), f"{copy.relative_to(NOTEBOOK_DIR.parent)} is missing: run `make reference`"
@@ -262,7 +262,7 @@ def printed_words(cell: dict) -> int:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_no_lesson_of_the_reference_run_prints_more_than_a_reader_can_follow(notebook):
-    from helpers.executed import copy_of
+    from course.reference_run import copy_of
 
     cells = json.loads(copy_of(notebook, REFERENCE_RUN).read_text())["cells"]
     counts = {i: printed_words(cell) for i, cell in enumerate(cells) if cell["cell_type"] == "code"}
@@ -271,3 +271,16 @@ def test_no_lesson_of_the_reference_run_prints_more_than_a_reader_can_follow(not
         f"{notebook.name}: the reference run prints {sum(counts.values())} words, over {PRINTED_WORDS}; "
         f"loudest cells (index, words): {loudest}"
     )
+
+
+def test_teaching_md_gives_each_lesson_the_reading_time_its_words_take():
+    """TEACHING.md's reading column, tied to the lessons: the words before each summary at 150 a minute."""
+    teaching = (NOTEBOOK_DIR.parent / "TEACHING.md").read_text()
+    for notebook in NOTEBOOKS:
+        cells = markdown(notebook)
+        summary = next(i for i, cell in enumerate(cells) if cell.startswith("## Summary"))
+        minutes = sum(len(cell.split()) for cell in cells[:summary]) / 150
+        row = re.search(rf"^\| {notebook.stem[:2]} [^|]*\| ~(\d+) min \|", teaching, re.M)
+        assert row, f"TEACHING.md has no reading time for {notebook.name}"
+        said = int(row.group(1))
+        assert abs(said - minutes) <= 1, f"{notebook.name}: TEACHING.md says ~{said} min, its words take {minutes:.1f}"

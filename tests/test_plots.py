@@ -199,7 +199,7 @@ def test_the_saturation_figure_has_one_x_axis_rows_per_call_and_says_what_batchi
     labels = ax.get_legend_handles_labels()[1]
     assert labels[0] == "rows of 96 tokens per call", labels
     # the dashed line is what the title's ratio divides by: a ticket as long as the rows, the median named beside it
-    alone = f"one 96-token ticket alone, the median is 101: {profile.tokens_per_s(96):.0f}/s"
+    alone = f"one 96-token row per call (the median prompt: 101): {profile.batched_tokens_per_s(1):.0f}/s"
     assert alone in labels, labels
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"][0]
     assert dashed.get_ydata()[0] * profile.batching_gain(32) == pytest.approx(profile.batched_tokens_per_s(32))

@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import bootstrap
-from helpers.__main__ import main
+from course import setup_cells
 
 ROOT = Path(__file__).parent.parent
-NOTEBOOKS = bootstrap.course_notebooks(ROOT)
+NOTEBOOKS = setup_cells.course_notebooks(ROOT)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: f"{path.parent.name}/{path.stem}")
@@ -21,17 +20,17 @@ def test_every_notebook_starts_with_the_setup_cell(notebook):
     import nbformat
 
     cells = [cell for cell in nbformat.read(notebook, as_version=4).cells if cell.cell_type == "code"]
-    assert cells and bootstrap.CELL_TAG in cells[0].metadata.get("tags", []), (
-        f"{notebook.name}: the first code cell is not the setup cell: run python -m helpers setup-cells"
+    assert cells and setup_cells.CELL_TAG in cells[0].metadata.get("tags", []), (
+        f"{notebook.name}: the first code cell is not the setup cell: run python -m course.setup_cells"
     )
-    source = bootstrap.current_source(notebook)
-    assert cells[0].source == bootstrap.setup_cell(source), (
-        f"{notebook.name}: its setup cell differs from helpers/bootstrap.py's: run python -m helpers setup-cells"
+    source = setup_cells.current_source(notebook)
+    assert cells[0].source == setup_cells.setup_cell(source), (
+        f"{notebook.name}: its setup cell differs from course/setup_cells.py's: run python -m course.setup_cells"
     )
 
 
 def test_every_notebook_installs_from_the_same_address():
-    sources = {path.name: bootstrap.current_source(path) for path in NOTEBOOKS}
+    sources = {path.name: setup_cells.current_source(path) for path in NOTEBOOKS}
     assert len(set(sources.values())) == 1, f"COURSE_SOURCE differs between notebooks: {sources}"
 
 
@@ -53,7 +52,7 @@ def run_setup_cell(
         monkeypatch.delenv("SLM_COURSE_SOURCE", raising=False)
     else:
         monkeypatch.setenv("SLM_COURSE_SOURCE", env)
-    exec(bootstrap.setup_cell(source), {})
+    exec(setup_cells.setup_cell(source), {})
     return commands
 
 
@@ -124,10 +123,10 @@ def test_where_helpers_is_installed_it_does_nothing(monkeypatch, tmp_path):
 def test_one_command_sets_the_address_in_every_notebook(tmp_path, capsys):
     copy = tmp_path / "course"
     shutil.copytree(ROOT / "notebooks", copy / "notebooks")
-    assert main(["setup-cells", "--root", str(copy), "--source", "git+https://example.org/org/course"]) == 0
+    assert setup_cells.main(["--root", str(copy), "--source", "git+https://example.org/org/course"]) == 0
     assert f"written into {len(NOTEBOOKS)} of {len(NOTEBOOKS)} notebooks" in capsys.readouterr().out
-    copies = bootstrap.course_notebooks(copy)
-    assert {bootstrap.current_source(path) for path in copies} == {"git+https://example.org/org/course"}
-    assert main(["setup-cells", "--root", str(copy)]) == 0, "rerunning keeps the address"
+    copies = setup_cells.course_notebooks(copy)
+    assert {setup_cells.current_source(path) for path in copies} == {"git+https://example.org/org/course"}
+    assert setup_cells.main(["--root", str(copy)]) == 0, "rerunning keeps the address"
     assert "written into 0 of" in capsys.readouterr().out
-    assert main(["setup-cells", "--root", str(tmp_path / "nowhere")]) == 2
+    assert setup_cells.main(["--root", str(tmp_path / "nowhere")]) == 2

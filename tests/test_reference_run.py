@@ -1,4 +1,4 @@
-"""The reference run's bookkeeping (helpers.executed): what each notebook runs with, and rerunning some notebooks
+"""The reference run's bookkeeping (course.reference_run): what each notebook runs with, and rerunning some notebooks
 keeps the other rows of its README."""
 
 import shutil
@@ -8,7 +8,7 @@ from pathlib import Path
 import papermill
 import pytest
 
-from helpers import executed
+from course import reference_run
 
 
 @pytest.fixture()
@@ -21,7 +21,7 @@ def fake_papermill(monkeypatch):
         shutil.copy(source, target)
 
     monkeypatch.setattr(papermill, "execute_notebook", execute)
-    monkeypatch.setattr(executed, "machine_line", lambda: "test machine")
+    monkeypatch.setattr(reference_run, "machine_line", lambda: "test machine")
     return ran
 
 
@@ -33,25 +33,25 @@ def test_rerunning_one_lesson_replaces_its_rows_and_keeps_the_others(tmp_path, f
         "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |\n"
         "| [01_constrained_output.ipynb](01_constrained_output.ipynb) | 114 s | 2026-11-30 |\n"
     )
-    chosen = [path for path in executed.sources() if path.name.startswith("01")]
+    chosen = [path for path in reference_run.sources() if path.name.startswith("01")]
     assert [path.parent.name for path in chosen] == ["notebooks", "solutions"], "the lesson and its solutions"
-    executed.run(folder, chosen)
+    reference_run.run(folder, chosen)
     assert [source for source, _ in fake_papermill] == [str(path) for path in chosen]
     for source, parameters in fake_papermill:  # the embedded model at the default scale, outputs beside the copy
-        target = executed.copy_of(Path(source), folder)
+        target = reference_run.copy_of(Path(source), folder)
         assert parameters == {"MODEL": "embedded", "SCALE": "default", "OUTPUT_DIR": str(target.parent)}, parameters
-    rows = executed._table_rows(folder / "README.md")
+    rows = reference_run._table_rows(folder / "README.md")
     assert set(rows) == {"00_setup.ipynb", "01_constrained_output.ipynb", "solutions/01_solutions.ipynb"}
     assert rows["00_setup.ipynb"] == "| [00_setup.ipynb](00_setup.ipynb) | 20 s | 2026-11-30 |", "kept as it was"
     assert "114 s" not in rows["01_constrained_output.ipynb"] and rows["01_constrained_output.ipynb"].count("|") == 4
     readme = (folder / "README.md").read_text()
     assert "test machine" in readme and 'SCALE="default"' in readme and "preset" not in readme.lower(), readme
-    copy = executed.notebook_format().read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
+    copy = reference_run.notebook_format().read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
     assert copy.cells[0].source.startswith("> **Reference run, not your results.** Executed on test machine")
 
 
 def test_only_refuses_a_number_no_notebook_has(monkeypatch, tmp_path, fake_papermill, capsys):
     monkeypatch.setattr(sys, "argv", ["executed", str(tmp_path), "--only", "1", "99"])
     with pytest.raises(SystemExit):
-        executed.main()
+        reference_run.main()
     assert "no notebook numbered 99" in capsys.readouterr().err and not fake_papermill, "nothing runs on a bad number"

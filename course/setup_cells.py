@@ -1,28 +1,31 @@
 """The setup cell at the top of every lesson and solutions notebook (``SETUP_CELL``, written here only: a test fails
 where a notebook's copy differs): a fresh kernel (Colab, Kaggle, a plain Jupyter) installs the course by itself.
-``python -m helpers setup-cells --source git+https://github.com/ORG/REPO`` writes an instructor's address into each."""
+``python -m course.setup_cells --source git+https://github.com/ORG/REPO``, run in the course folder, writes an
+instructor's address into each."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
+import sys
 from pathlib import Path
 
-from .executed import notebook_format
-from .executed import sources as course_notebooks
+from course.reference_run import notebook_format
+from course.reference_run import sources as course_notebooks
 
 CELL_TAG = "setup"
 SETUP_CELL = """\
 # Setup: where this kernel lacks the course's `helpers` package (a fresh Colab or Kaggle notebook, a plain Jupyter),
 # install it from $SLM_COURSE_SOURCE, else the course folder around this notebook (editable: your edits count), else
-# COURSE_SOURCE. Elsewhere this cell does nothing. Instructors set COURSE_SOURCE: python -m helpers setup-cells
+# COURSE_SOURCE. Elsewhere this cell does nothing. Instructors set COURSE_SOURCE: python -m course.setup_cells
 COURSE_SOURCE = {source!r}
 import importlib.util
 
 if importlib.util.find_spec("helpers") is None:
     import os, pathlib, subprocess, sys
     here = pathlib.Path.cwd().resolve()
-    clone = next((str(p) for p in (here, *here.parents) if (p / "helpers" / "bootstrap.py").is_file()), None)
+    clone = next((str(p) for p in (here, *here.parents) if (p / "helpers" / "scoring.py").is_file()), None)
     source = os.environ.get("SLM_COURSE_SOURCE") or clone or COURSE_SOURCE
     if not source:
         raise RuntimeError("the course is not installed and this notebook is outside its folder; the course has no "
@@ -83,20 +86,22 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
     return changed
 
 
-def add_parser(commands) -> None:
-    parser = commands.add_parser("setup-cells", help="write the setup cell and its install address into each notebook")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course.setup_cells", description=__doc__.splitlines()[0])
     where = "where a fresh Colab/Kaggle kernel installs the course from, e.g. git+https://github.com/ORG/REPO"
     parser.add_argument("--source", default=None, help=f"{where} (default: keep each notebook's current one)")
     parser.add_argument("--root", default=".", help="the course folder (default: the working directory)")
-    parser.set_defaults(run=run)
-
-
-def run(args) -> int:
+    args = parser.parse_args(argv)
     root = Path(args.root).resolve()
     notebooks = course_notebooks(root)
     if not notebooks:
-        raise ValueError(f"{root}: no notebooks/NN_*.ipynb here; run this in the course folder or pass --root")
+        print(f"error: {root}: no notebooks here: run this in the course folder or pass --root", file=sys.stderr)
+        return 2
     changed = write_setup_cells(notebooks, args.source)
     rerun = " (rerun `make reference` so the reference run shows it)" if changed else ""
     print(f"setup cell written into {len(changed)} of {len(notebooks)} notebooks{rerun}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,7 +48,7 @@ def machine_line() -> str:
     import torch
     import transformers
 
-    from .models import cpu_threads, machine_name, pick_device
+    from helpers.models import cpu_threads, machine_name, pick_device
 
     versions = f"torch {torch.__version__} · transformers {transformers.__version__}"
     return f"{machine_name(pick_device())}, {cpu_threads()} thread(s), {platform.system()} · {versions}"
@@ -102,8 +102,8 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
     readme.write_text(
         f"# Reference run\n\nThe course's notebooks executed once, with their outputs and figures, for reading without "
         f"running. **Machine:** {machine} (each notebook's first cell names the machine it ran on). Regenerate with "
-        f"`make reference`, or one notebook with `python -m helpers.executed reference-run --only 01`; the tests fail "
-        f"when a copy's code no longer matches its source notebook.\n\nEvery number here is that machine's. Each "
+        f"`make reference`, or one notebook with `python -m course.reference_run reference-run --only 01`; the tests "
+        f"fail when a copy's code no longer matches its source notebook.\n\nEvery number here is that machine's. Each "
         f'notebook ran at its default scale (`SCALE="default"`, the sizes in its parameters cell) on the embedded '
         f"model, as it does on every machine: yours shows the same sizes at your machine's speed.\n\n"
         f"| notebook | wall time | executed |\n|---|---|---|\n{table}\n"
