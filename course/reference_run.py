@@ -12,19 +12,11 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import nbformat  # the course's tools run in the course folder, where requirements.txt installs it
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
 PARAMETERS = {"MODEL": "embedded", "SCALE": "default"}  # the same model and sizes on every machine
-
-
-def notebook_format():
-    """nbformat, imported only where a notebook is read or written: ``classify`` and ``bench`` run without it."""
-    try:
-        import nbformat
-    except ImportError:
-        install = "pip install nbformat (or pip install -r requirements.txt)"
-        raise RuntimeError(f"reading and writing notebooks needs nbformat, which is not installed: {install}") from None
-    return nbformat
 
 
 def sources(root: Path = ROOT) -> list[Path]:
@@ -35,7 +27,7 @@ def sources(root: Path = ROOT) -> list[Path]:
 
 def code_cells(path: Path) -> list[str]:
     """A notebook's code, cell by cell, without its parameter cells."""
-    cells = notebook_format().read(path, as_version=4).cells
+    cells = nbformat.read(path, as_version=4).cells
     return [c.source for c in cells if c.cell_type == "code" and not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
 
 
@@ -56,7 +48,6 @@ def machine_line() -> str:
 
 def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     """Put a first markdown cell on an executed copy: what it is, where it ran, how to regenerate it."""
-    nbformat = notebook_format()
     notebook = nbformat.read(path, as_version=4)
     link = os.path.relpath(source, path.parent)
     text = (

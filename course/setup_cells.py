@@ -11,7 +11,8 @@ import re
 import sys
 from pathlib import Path
 
-from course.reference_run import notebook_format
+import nbformat
+
 from course.reference_run import sources as course_notebooks
 
 CELL_TAG = "setup"
@@ -63,12 +64,11 @@ def _source_in(cell) -> str:
 
 def current_source(path: Path) -> str:
     """The ``COURSE_SOURCE`` a notebook's setup cell names ("" where it has none)."""
-    return _source_in(_setup_cell_in(notebook_format().read(path, as_version=4)))
+    return _source_in(_setup_cell_in(nbformat.read(path, as_version=4)))
 
 
 def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[Path]:
     """Make ``setup_cell(source)`` each notebook's first code cell (None: keep its address); returns those changed."""
-    nbformat = notebook_format()
     changed = []
     for path in notebooks:
         notebook = nbformat.read(path, as_version=4)

@@ -191,8 +191,8 @@ class MachineProfile:
 
     def batching_gain(self, rows: float) -> float:
         """How much faster per token ``rows`` median-length rows run in one call than one such row alone: both read
-        on the batched curve, measured the same way minutes apart (the single-sequence curve, timed at other moments
-        and read between its sizes, can differ from the batched curve's first point by more than the gain)."""
+        on the batched curve, one sweep measured one way (the single-sequence curve, timed at other moments and read
+        between its sizes, can differ from the batched curve's first point by more than the gain)."""
         return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
 
     @property

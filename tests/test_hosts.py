@@ -5,7 +5,6 @@ import copy
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,8 +17,6 @@ from helpers.checks import assert_agrees
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets, uses_chat_template
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one
-
-ROOT = Path(__file__).parent.parent
 
 
 def test_the_commands_run_without_the_notebook_tools(tmp_path):

@@ -46,7 +46,7 @@ def test_rerunning_one_lesson_replaces_its_rows_and_keeps_the_others(tmp_path, f
     assert "114 s" not in rows["01_constrained_output.ipynb"] and rows["01_constrained_output.ipynb"].count("|") == 4
     readme = (folder / "README.md").read_text()
     assert "test machine" in readme and 'SCALE="default"' in readme and "preset" not in readme.lower(), readme
-    copy = reference_run.notebook_format().read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
+    copy = reference_run.nbformat.read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
     assert copy.cells[0].source.startswith("> **Reference run, not your results.** Executed on test machine")
 
 
