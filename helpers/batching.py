@@ -111,12 +111,6 @@ def global_padding_factor(lengths: Sequence[int]) -> float:
     return len(lengths) * max(lengths) / sum(lengths)
 
 
-def forward_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], tail: int) -> list[tuple[int, int]]:
-    """(rows, padded width) of each forward pass: a batch's longest row plus the label tokens appended to every row.
-    Notebook 03, section 4."""
-    return [(len(batch), max(lengths[i] for i in batch) + tail) for batch in batches]
-
-
 def score_batched(
     model,
     tokenizer,
@@ -163,14 +157,8 @@ def score_batched(
             full[i] = ids
     tokenized = time.perf_counter()
     # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
-    groups = [
-        (items, rows, group_prefix)
-        for items, rows, group_prefix in (
-            (list(cached), list(cached.values()), prefix),
-            (list(full), list(full.values()), None),
-        )
-        if items
-    ]
+    groups = [(list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)]
+    groups = [group for group in groups if group[0]]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     real = processed = n_batches = 0
     passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
@@ -183,7 +171,8 @@ def score_batched(
             overhead = len(scorer.tail) + (group_prefix.length if group_prefix is not None else 0)
             batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=overhead)
             past = group_prefix.length if group_prefix is not None else 0
-            passes += [(rows_n, width, past) for rows_n, width in forward_shapes(lengths, batches, len(scorer.tail))]
+            # (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
+            passes += [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
             for batch in batches:
                 slots = [items[j] for j in batch]
                 began = time.perf_counter()

@@ -90,14 +90,8 @@ class Row:
         strategy, uses_prefix = STRATEGIES[name]
         planned = row_lengths(lengths, uses_prefix, prefix_length)
         padding = padding_report(planned, plan_batches(planned, strategy, batch_size)).padding_fraction
-        return cls(
-            name,
-            batch_size,
-            len(lengths),
-            scale_to_plan(planned, sample, strategy, batch_size),
-            sample,
-            plan_padding=padding,
-        )
+        scale = scale_to_plan(planned, sample, strategy, batch_size)
+        return cls(name, batch_size, len(lengths), scale, sample, plan_padding=padding)
 
     @property
     def items_per_s(self) -> float:
@@ -216,26 +210,19 @@ def run_benchmark(
         cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
         sample = sample_tickets(lengths, block, every)
         timed = [prompts[i] for i in sample]
-        found, failed = {}, []
-        for name, size in rows:
-            found[name, size] = Row.plan(name, size, lengths, sample, cache.length)
+        found = {(name, size): Row.plan(name, size, lengths, sample, cache.length) for name, size in rows}
+        failed = []
 
-        def run(key):
+        def run(key, chosen):
             strategy, uses_prefix = STRATEGIES[key[0]]
-            return score_batched(
-                model,
-                tokenizer,
-                scorer,
-                timed,
-                strategy,
-                batch_size=key[1],
-                prefix=cache if uses_prefix else None,
-                progress=False,
-            )
+            prefix = cache if uses_prefix else None
+            return score_batched(model, tokenizer, scorer, chosen, strategy, key[1], prefix=prefix, progress=False)
 
-        for key in list(found):  # warm-up: each row once, untimed (first calls allocate and pick kernels)
+        # Warm-up: each row on one batch of its size (the longest: out of memory shows there), untimed; first calls
+        # allocate memory and pick kernels.
+        for key in list(found):
             try:
-                run(key)
+                run(key, timed[: key[1]])
             except Exception as error:  # only running out of memory costs the row alone; anything else is a bug
                 if not is_out_of_memory(error):
                     raise
@@ -245,16 +232,15 @@ def run_benchmark(
         keys = list(found)
         for repeat in tqdm(range(repeats), desc=f"{dtype}: {len(keys)} rows", disable=not progress):
             for key in keys if repeat % 2 == 0 else keys[::-1]:
-                result = run(key)
+                result = run(key, timed)
                 found[key].seconds.append(result.info["seconds"])
                 found[key].scores = result
         if reference is None:  # the first dtype's loop, one ticket at a time: what every row must match
             loop = found.get(("loop", 1))  # the loop row already scored every sampled ticket that way
-            reference = (
-                loop.scores
-                if loop is not None
-                else score_one_by_one(model, tokenizer, scorer, timed, desc="reference", progress=progress)
-            )
+            if loop is not None:
+                reference = loop.scores
+            else:
+                reference = score_one_by_one(model, tokenizer, scorer, timed, desc="reference", progress=progress)
         frame = results_frame(found, reference, info, shots, cache.length)
         frame.attrs["failed"] = failed
         frames.append(frame)
@@ -282,6 +268,7 @@ def padding_by_strategy(tokenizer, n: int = POOL, batch_size: int = 32, shots: i
         report = padding_report(lengths, plan_batches(lengths, strategy, batch_size, budget))
         rows.append({"strategy": strategy, "padding_fraction": report.padding_fraction})
     frame = pd.DataFrame(rows)
+    frame["processed_per_real"] = 1 / (1 - frame["padding_fraction"])  # notebook 00's unit: processed / real tokens
     frame.attrs.update(
         prompts=f"{shots}-shot" if shots else "zero-shot", batch_size=batch_size, token_budget=budget, n=n
     )

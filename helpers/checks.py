@@ -78,12 +78,7 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
     same = reference.predicted_index == candidate.predicted_index
     tie = (top2_margin(reference) < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
-    return {
-        "agreement": float(same.mean()),
-        "max_abs_diff": diff,
-        "n": len(reference),
-        "near_ties": int((~same & tie).sum()),
-    }
+    return dict(agreement=float(same.mean()), max_abs_diff=diff, n=len(reference), near_ties=int((~same & tie).sum()))
 
 
 def assert_agrees(

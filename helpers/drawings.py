@@ -17,6 +17,8 @@ SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "la
 
 # Ticket tokens are orange in every figure (SEGMENT_COLOURS); neighbouring batches alternate two shades of it.
 BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
+# A legend under the axes: inside them it would cover the longest bar.
+LEGEND_BELOW = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
 
 
 def plot_generate_vs_score(
@@ -45,13 +47,8 @@ def plot_generate_vs_score(
     left.barh(range(len(rows)), widths, color=colours, alpha=0.8)
     gap = prompt * 0.03  # the notes start just right of each bar
     for k, step in enumerate(steps.itertuples()):
-        left.text(
-            step.input_tokens + gap,
-            k,
-            f"{step.input_tokens} token(s) in -> {step.token!r} (p = {step.probability:.2f})",
-            va="center",
-            fontsize=8,
-        )
+        note = f"{step.input_tokens} token(s) in -> {step.token!r} (p = {step.probability:.2f})"
+        left.text(step.input_tokens + gap, k, note, va="center", fontsize=8)
     parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
     note = f"{scored} tokens{parts} in -> every label's probability"
     left.text(scored + gap, len(steps), note, va="center", fontsize=8)
@@ -108,13 +105,8 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
         for k in range(1, layers):  # a thin line between layers: each holds the same positions
             y = row - 0.35 + 0.7 * k / layers
             ax.plot([0, held], [y, y], color="white", lw=0.4)
-        ax.text(
-            len(kinds) + longest * 0.02,
-            row,
-            f"{held} positions x {layers} layers: {nbytes / 2**20:.1f} MiB",
-            va="center",
-            fontsize=8,
-        )
+        note = f"{held} positions x {layers} layers: {nbytes / 2**20:.1f} MiB"
+        ax.text(len(kinds) + longest * 0.02, row, note, va="center", fontsize=8)
     first = snapshots[0][1].layers[0].keys
     per_position = 2 * len(snapshots[0][1].layers) * first.shape[1] * first.shape[3] * first.element_size()
     ax.set_yticks(range(len(snapshots)), [name for name, _, _ in snapshots], fontsize=8)
@@ -126,15 +118,7 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
     )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(
-        unique.values(),
-        unique.keys(),
-        fontsize=7,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.2),
-        ncol=3,
-        frameon=False,
-    )
+    ax.legend(unique.values(), unique.keys(), **LEGEND_BELOW)
     if title is None:
         prefix = list(snapshots[0][2]).count("reused")
         title = (
@@ -158,12 +142,11 @@ def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png", t
         y = 0
         for k, batch in enumerate(plan):
             width = max(lengths[i] for i in batch)
-            for i in batch:
-                rows.append(y)
-                pads.append(width - lengths[i])
-                reals.append(lengths[i])
-                shades.append(BATCH_SHADES[k % 2])
-                y += 1
+            rows += range(y, y + len(batch))
+            pads += [width - lengths[i] for i in batch]
+            reals += [lengths[i] for i in batch]
+            shades += [BATCH_SHADES[k % 2]] * len(batch)
+            y += len(batch)
             y += max(1, y // 150)  # a gap between batches, visible at any number of tickets
         ax.barh(rows, pads, left=0, height=1, color="0.8", edgecolor="none")
         ax.barh(rows, reals, left=pads, height=1, color=shades, edgecolor="none")
@@ -198,9 +181,8 @@ def plot_prompt_split(
     if not ticket_tokens:
         raise ValueError("plot_prompt_split needs at least one ticket's token count")
     if prefix_tokens < 1 or min(ticket_tokens) < 1 or label_tokens < 0:
-        raise ValueError(
-            f"token counts must be positive (prefix {prefix_tokens}, tickets {ticket_tokens}, labels {label_tokens})"
-        )
+        counts = f"prefix {prefix_tokens}, tickets {ticket_tokens}, labels {label_tokens}"
+        raise ValueError(f"token counts must be positive ({counts})")
     names = list(names) if names is not None else [f"ticket {i + 1}" for i in range(len(ticket_tokens))]
     share = prefix_tokens * len(ticket_tokens) / (prefix_tokens * len(ticket_tokens) + sum(ticket_tokens))
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(ticket_tokens) + 1.8))
@@ -208,13 +190,8 @@ def plot_prompt_split(
     ax.barh(rows, prefix_tokens, color="C0", alpha=0.55, label="cached prefix (computed once)")
     ax.barh(rows, ticket_tokens, left=prefix_tokens, color="C1", label="ticket's own tokens")
     if label_tokens:
-        ax.barh(
-            rows,
-            label_tokens,
-            left=[prefix_tokens + n for n in ticket_tokens],
-            color="C2",
-            label="label tokens (same forward)",
-        )
+        after = [prefix_tokens + n for n in ticket_tokens]
+        ax.barh(rows, label_tokens, left=after, color="C2", label="label tokens (same forward)")
     for row, n in zip(rows, ticket_tokens):
         ax.text(prefix_tokens / 2, row, str(prefix_tokens), ha="center", va="center", fontsize=7)
         extra = f" + {label_tokens}" if label_tokens else ""
@@ -224,12 +201,8 @@ def plot_prompt_split(
     ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
     ax.set_xlabel("tokens in the forward pass")
     labels = f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens else ""
-    set_title(
-        ax,
-        title
-        or f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens{labels}",
-    )
+    default = f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens"
+    set_title(ax, title or default + labels)
     ax.grid(alpha=0.3, axis="x")
-    # Below the axes: inside, it would cover the longest bar.
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    ax.legend(**LEGEND_BELOW)
     return fig, finish(fig, info, path)

@@ -20,17 +20,20 @@ def parse_label(text: str, labels: Sequence[str]) -> str | None:
 
 
 @torch.inference_mode()
+def _greedy(model, tokenizer, prompt: str, max_new_tokens: int, **options):
+    """(prompt length, ``model.generate``'s output): greedy decoding of one prompt, unpadded."""
+    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
+    mask, pad = torch.ones_like(ids), tokenizer.pad_token_id
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad, **options
+    )
+    return ids.shape[1], out
+
+
 def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> str:
     """Greedy free-form answer: the baseline that constrained scoring replaces. Notebook 01, section 1."""
-    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    length, out = _greedy(model, tokenizer, prompt, max_new_tokens)
+    return tokenizer.decode(out[0, length:], skip_special_tokens=True)
 
 
 @torch.inference_mode()
@@ -38,27 +41,10 @@ def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> 
     """The forward passes behind ``generate_answer``, one row each: the tokens it processed (the prompt, then one
     token per decode step over the cache), the token it chose and that token's probability. The same greedy
     generation, with its scores kept (notebook 01 draws it). Notebook 01, section 2 (the drawing)."""
-    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    chosen = out.sequences[0, ids.shape[1] :].tolist()
-    rows = []
+    length, out = _greedy(model, tokenizer, prompt, max_new_tokens, output_logits=True, return_dict_in_generate=True)
+    chosen = out.sequences[0, length:].tolist()
+    steps = pd.DataFrame({"pass": range(1, len(chosen) + 1), "input_tokens": [length] + [1] * (len(chosen) - 1)})
+    steps["token_id"], steps["token"] = chosen, [tokenizer.decode([token]) for token in chosen]
     # The raw logits, not the processed scores: a model's generation config may penalise repeats even when greedy.
-    for step, (token, scores) in enumerate(zip(chosen, out.logits)):
-        rows.append(
-            {
-                "pass": step + 1,
-                "input_tokens": ids.shape[1] if step == 0 else 1,
-                "token_id": token,
-                "token": tokenizer.decode([token]),
-                "probability": torch.softmax(scores[0].float(), dim=-1)[token].item(),
-            }
-        )
-    return pd.DataFrame(rows)
+    steps["probability"] = [torch.softmax(s[0].float(), dim=-1)[t].item() for t, s in zip(chosen, out.logits)]
+    return steps

@@ -10,6 +10,13 @@ import matplotlib.pyplot as plt
 from .models import machine_name, threads_text
 from .outputs import output_dir
 
+NOTE = {"textcoords": "offset points"}  # an annotation's offset from its point, in points
+
+
+def reaching(rows, column: str, best):
+    """The rows whose fastest repeat (``column``_max) reaches ``best``'s slowest (``column``_min): within noise."""
+    return rows[rows[f"{column}_max"] >= best[f"{column}_min"]]
+
 
 def caption(info) -> str:
     """The line every figure carries: which model, dtype and device produced it, on which machine."""
@@ -70,14 +77,8 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.plot(share * 100, ideal, "o", color="0.6", mfc="white")
     ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
     for row, fraction in zip(frame.itertuples(), reached):
-        ax.annotate(
-            f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal",
-            (row.prefix_share * 100, row.speedup),
-            textcoords="offset points",
-            xytext=(5, 4),
-            fontsize=7,
-            va="bottom",
-        )
+        note = f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal"
+        ax.annotate(note, (row.prefix_share * 100, row.speedup), **NOTE, xytext=(5, 4), fontsize=7, va="bottom")
     ax.axhline(1, color="0.6", lw=1, ls=":")
     ax.set_xlabel("static prefix's share of the prompt tokens (%)")
     ax.set_xlim(0, 100)  # room for the last point's label
@@ -85,12 +86,8 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_ylim(0, max(ideal.max(), frame["speedup"].max()) * 1.15)
     low, high = reached.min(), reached.max()
     span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
-    set_title(
-        ax,
-        title
-        or f"The cache reached {span} of the ideal speedup: {frame['speedup'].iloc[0]:.2f}x at "
-        f"{share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at {share[-1]:.0%}",
-    )
+    ends = f"{frame['speedup'].iloc[0]:.2f}x at {share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at"
+    set_title(ax, title or f"The cache reached {span} of the ideal speedup: {ends} {share[-1]:.0%}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info), path)
@@ -127,21 +124,11 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
             continue
         style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
         error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
-        rate_ax.errorbar(
-            points["batch_size"],
-            points["items_per_s"],
-            yerr=error,
-            marker="o",
-            ms=4,
-            capsize=3,
-            color=color,
-            ls=style,
-            label=f"{STRATEGY_LABELS.get(name, name)}, {dtype}",
-        )
-        pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], marker="o", ms=4, color=color, ls=style)
-        pad_ax.plot(
-            points["batch_size"], 100 * points["plan_padding"], marker="o", ms=7, mfc="none", color=color, ls="none"
-        )
+        sizes, line = points["batch_size"], dict(marker="o", ms=4, color=color, ls=style)
+        label = f"{STRATEGY_LABELS.get(name, name)}, {dtype}"
+        rate_ax.errorbar(sizes, points["items_per_s"], yerr=error, capsize=3, label=label, **line)
+        pad_ax.plot(sizes, 100 * points["padding_fraction"], **line)
+        pad_ax.plot(sizes, 100 * points["plan_padding"], **{**line, "ms": 7, "mfc": "none", "ls": "none"})
     sizes = sorted(frame["batch_size"].dropna().unique())
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
@@ -151,15 +138,10 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     pad_ax.set_ylabel("padding (%)\nfilled: timed, hollow: plan")
     best = frame.sort_values("items_per_s").iloc[-1]
     name = STRATEGY_LABELS.get(best.strategy, best.strategy)
-    others = frame.drop(index=best.name)
-    close = others[others["items_per_s_max"] >= best["items_per_s_min"]]  # their repeats reach the best's slowest
-    verdict = (
-        ", no spread to judge by (one repeat)"
-        if (frame["items_per_s_min"] == frame["items_per_s_max"]).all()
-        else f", within noise of {len(close)} other point(s)"
-        if len(close)
-        else ", beyond the spread of the rest"
-    )
+    close = reaching(frame.drop(index=best.name), "items_per_s", best)
+    verdict = f", within noise of {len(close)} other point(s)" if len(close) else ", beyond the spread of the rest"
+    if (frame["items_per_s_min"] == frame["items_per_s_max"]).all():
+        verdict = ", no spread to judge by (one repeat)"
     # against the batch-1 point drawn on the same curve (the loop it batches), not a loop the figure does not show
     start = sweep_curve(frame[frame["dtype"] == best["dtype"]], best.strategy).iloc[0]
     start_name = STRATEGY_LABELS.get(start.strategy, start.strategy)
@@ -181,18 +163,12 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", titl
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
     share = padding.set_index("strategy")["padding_fraction"]
-    setting = padding.attrs
-    where = (
-        f", {setting['prompts']} prompts, batches of {setting['batch_size']}"
-        if {"prompts", "batch_size"} <= setting.keys()
-        else ""
+    setting, nan = padding.attrs, float("nan")
+    where = f", {setting.get('prompts')} prompts, batches of {setting.get('batch_size')}" if setting else ""
+    shares = (
+        f"sorted {share.get('sorted', nan):.1%} of processed tokens, arbitrary order {share.get('arbitrary', nan):.1%}"
     )
-    set_title(
-        ax,
-        title
-        or f"Padding{where}: sorted {share.get('sorted', float('nan')):.1%} of processed tokens, "
-        f"arbitrary order {share.get('arbitrary', float('nan')):.1%}",
-    )
+    set_title(ax, title or f"Padding{where}: {shares}")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, info, path)
 
@@ -213,19 +189,16 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
     top_x = ladder["speedup_max"].max() if spread is not None else ladder["speedup"].max()
     ax.set_xlim(0, max(1.0, top_x) * 1.2)  # room for the labels
     ax.invert_yaxis()
-    ax.set_xlabel(
-        "speedup over the float32 constrained loop (x"
-        + ("; bars: slowest to fastest repeat)" if spread is not None else ")")
-    )
+    bars_are = "; bars: slowest to fastest repeat" if spread is not None else ""
+    ax.set_xlabel(f"speedup over the float32 constrained loop (x{bars_are})")
     ranked = ladder.sort_values("speedup", ascending=False)
     top = ranked.iloc[0]
     verdict = f"best step '{top.step}' at {top.speedup:.2f}x the loop"
     # A winner only beyond the spread, as in plot_throughput_vs_batch: no other step's fastest repeat reaches it.
-    close = ranked.iloc[1:][ranked.iloc[1:]["speedup_max"] >= top["speedup_min"]] if spread is not None else []
+    close = reaching(ranked.iloc[1:], "speedup", top) if spread is not None else []
     if len(close):
-        verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of " + ", ".join(
-            f"'{step}'" for step in close["step"]
-        )
+        others = ", ".join(f"'{step}'" for step in close["step"])
+        verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of {others}"
     set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, info, path)
@@ -241,9 +214,7 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     width = profile.batch_row_tokens
     ax.plot(counts, batched, marker="D", color="C2", label=f"rows of {width} tokens per call")
     for count, rate in zip(counts, batched):
-        ax.annotate(
-            f"{rate:.0f}", (count, rate), fontsize=7, color="C2", xytext=(0, 6), textcoords="offset points", ha="center"
-        )
+        ax.annotate(f"{rate:.0f}", (count, rate), **NOTE, fontsize=7, color="C2", xytext=(0, 6), ha="center")
     alone = profile.batched_tokens_per_s(1)  # the curve's own first point: the title's ratio is against this line
     about = f" (the median prompt: {median})" if median != width else ""
     ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one {width}-token row per call{about}: {alone:.0f}/s")
@@ -254,18 +225,10 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     ax.set_ylim(0, max(*batched, alone) * 1.15)
     ax.set_xlabel("rows per forward call (batch size)")
     ax.set_ylabel("prefill throughput (tokens / s)")
-    beyond = rows > counts[-1]
-    gain = profile.batching_gain(rows)
-    set_title(
-        ax,
-        title
-        or (
-            f"Prefill tokens/s by rows per call: {rows} rows run {gain:.2f}x the tokens/s of one {width}-token "
-            "row"
-            + (" (beyond the measured rows: flat)" if beyond else "")
-            + f", 90 % of the peak from {knee} row{'s' if knee > 1 else ''}"
-        ),
-    )
+    beyond = " (beyond the measured rows: flat)" if rows > counts[-1] else ""
+    default = f"Prefill tokens/s by rows per call: {rows} rows run {profile.batching_gain(rows):.2f}x the tokens/s of "
+    default += f"one {width}-token row{beyond}, 90 % of the peak from {knee} row{'s' if knee > 1 else ''}"
+    set_title(ax, title or default)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
@@ -280,9 +243,7 @@ def plot_accuracy_intervals(
     ``accuracy_high`` and ``n`` (tickets scored). ``baseline`` names the variant the best one is compared with;
     its interval is shaded across the plot.
     """
-    missing = [
-        column for column in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n") if column not in variants
-    ]
+    missing = [name for name in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n") if name not in variants]
     if missing:
         raise ValueError(f"the variants table lacks column(s) {', '.join(missing)}")
     rows = variants.reset_index(drop=True)
@@ -292,12 +253,7 @@ def plot_accuracy_intervals(
     ax.errorbar(100 * rows["accuracy"], y, xerr=errors, fmt="o", capsize=4, color="C0")
     for i, row in rows.iterrows():
         ax.annotate(
-            f"{row['accuracy']:.0%}",
-            (100 * row["accuracy"], i),
-            textcoords="offset points",
-            xytext=(0, 7),
-            ha="center",
-            fontsize=8,
+            f"{row['accuracy']:.0%}", (100 * row["accuracy"], i), **NOTE, xytext=(0, 7), ha="center", fontsize=8
         )
     ax.set_yticks(list(y), rows["variant"])
     ax.invert_yaxis()
@@ -314,13 +270,8 @@ def plot_accuracy_intervals(
         if base.empty:
             raise ValueError(f"baseline variant {baseline!r} is not in the table")
         base = base.iloc[0]
-        ax.axvspan(
-            100 * base["accuracy_low"],
-            100 * base["accuracy_high"],
-            color="0.85",
-            zorder=0,
-            label=f"{baseline}: 95 % interval",
-        )
+        interval = (100 * base["accuracy_low"], 100 * base["accuracy_high"])
+        ax.axvspan(*interval, color="0.85", zorder=0, label=f"{baseline}: 95 % interval")
         ax.legend(fontsize=8, loc="lower right")
         if best["variant"] == baseline:
             text += f"; no variant beat {baseline}"
@@ -347,9 +298,7 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
         raise ValueError(f"plot_prompt_lengths needs token counts (numbers), got {lengths.dtype} values")
     if (lengths < 1).any():
         first = int(np.argmax(lengths < 1))
-        raise ValueError(
-            f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least one token"
-        )
+        raise ValueError(f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least a token")
     median, longest = int(np.median(lengths)), int(lengths.max())
     factor = global_padding_factor(lengths.tolist())
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -360,28 +309,16 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
     ax.set_ylim(0.7, counts.max() * 2.5)  # a bar of one prompt stays visible; room above the bars for the labels
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
+    box = {"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85}
     for value, name, color, style, side in ((median, "median", "C1", "--", 1), (longest, "max", "C3", ":", -1)):
         ax.axvline(value, color=color, ls=style, lw=1.5)
-        ax.annotate(
-            f"{name} {value}",
-            (value, 1),
-            xycoords=("data", "axes fraction"),
-            xytext=(4 * side, -14),
-            textcoords="offset points",
-            ha="left" if side > 0 else "right",
-            fontsize=9,
-            color=color,
-            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
-        )
+        where = dict(xycoords=("data", "axes fraction"), xytext=(4 * side, -14), ha="left" if side > 0 else "right")
+        ax.annotate(f"{name} {value}", (value, 1), **NOTE, **where, fontsize=9, color=color, bbox=box)
     ax.set_xlim(0, longest * 1.03)
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("prompts (log scale)")
-    set_title(
-        ax,
-        title
-        or f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding "
-        f"all to the longest would process {factor:.1f}x the real tokens",
-    )
+    default = f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding all to the "
+    set_title(ax, title or default + f"longest would process {factor:.1f}x the real tokens")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption(info), path)
 
@@ -408,11 +345,8 @@ def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, p
     ax.set_ylabel("margin error: largest change in\na difference of two labels' scores")
     rescored = int((margins < threshold).sum())
     worst = f", the widest at margin {margins[flipped].max():.2f}" if flipped.any() else ""
-    set_title(
-        ax,
-        f"{dtype} against float32 on {len(margins)} tickets: {int(flipped.sum())} label(s) flipped{worst}; "
-        f"the threshold rescores {rescored}",
-    )
+    flips = f"{int(flipped.sum())} label(s) flipped{worst}"
+    set_title(ax, f"{dtype} against float32 on {len(margins)} tickets: {flips}; the threshold rescores {rescored}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     return fig, finish(fig, caption(info), path)

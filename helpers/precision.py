@@ -162,14 +162,8 @@ def score_verified(
     if rescored:
         full([prompts[i] for i in rescored], on_batch=landed)
     seconds = time.perf_counter() - start
-    info = {
-        "margin_error": error,
-        "threshold": threshold,
-        "rescored": sorted(rescored),
-        "calibration": k,
-        "seconds": seconds,
-        "items_per_s": len(prompts) / seconds,
-    }
+    info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
+    info["items_per_s"] = len(prompts) / seconds
     return LabelScores(list(scorer.labels), log_scores, info)
 
 

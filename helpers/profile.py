@@ -50,16 +50,15 @@ def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 
 
 def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats: int = 5) -> float:
-    """Seconds per call: one warm-up (kernels picked, memory allocated), then the best of a few synchronised runs."""
-    with Stopwatch(device) as warmup:
-        call()
-    if warmup.seconds > MAX_CALL_S:  # too slow to repeat: the warm-up is the measurement
-        return warmup.seconds
+    """Seconds per call: the best of a few synchronised runs (at least two, unless the first is too slow to repeat).
+    The best discards a first run at a new size that picks kernels or grows memory: no separate warm-up needed."""
     times: list[float] = []
     while len(times) < max_repeats and (sum(times) < min_time_s or len(times) < 2):
         with Stopwatch(device) as clock:
             call()
         times.append(clock.seconds)
+        if times[0] > MAX_CALL_S:  # too slow to repeat: one run is the measurement
+            break
     return min(times)
 
 
@@ -108,6 +107,7 @@ def roof_shapes(model, device: torch.device) -> list[tuple[int, int, int]]:
 def _rate_curve(model, counts: Iterable[int], make_inputs, least: int = 64) -> list[tuple[int, float]]:
     """(count, tokens/s) for growing inputs, until the rate stops growing (two steps under 5 %) past ``least``."""
     points: list[tuple[int, float]] = []
+    model(**make_inputs(1)[0], use_cache=False, logits_to_keep=1)  # warm-up, once per curve: the first call ever
     for count in counts:
         inputs, tokens = make_inputs(count)
         seconds = _time_call(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model.device)
@@ -252,15 +252,8 @@ class MachineProfile:
 
 
 def profile_path(info: ModelInfo, device: torch.device) -> Path:
-    parts = [
-        PROFILE_VERSION,
-        machine_name(device),
-        torch.__version__,
-        info.name,
-        info.dtype,
-        str(device),
-        torch.get_num_threads(),
-    ]
+    parts = [PROFILE_VERSION, machine_name(device), torch.__version__, info.name, info.dtype, str(device)]
+    parts.append(torch.get_num_threads())
     return cache_dir() / "profiles" / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]}.json"
 
 
@@ -286,7 +279,7 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
         slow = SLOW_DTYPE_RATIO * matmul["float32"] / 4 if matmul and device.type == "cpu" else None
         rates = []
         for shape in shapes:
-            rate = matmul_gflops(device, dtype, shape, min_run_time=0.5, slow=slow)
+            rate = matmul_gflops(device, dtype, shape, min_run_time=0.25, slow=slow)
             if rate is None:  # an unsupported dtype
                 break
             rates.append(rate)

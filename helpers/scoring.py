@@ -383,13 +383,7 @@ def score_one_by_one(
             for prompt in tqdm(prompts, desc=desc, disable=not progress, leave=False)
         ]
     seconds = clock.seconds
-    info = {
-        "strategy": "loop",
-        "batch_size": 1,
-        "n": len(prompts),
-        "seconds": seconds,
-        "items_per_s": len(prompts) / seconds,
-    }
+    info = dict(strategy="loop", batch_size=1, n=len(prompts), seconds=seconds, items_per_s=len(prompts) / seconds)
     return LabelScores(scorer.labels, torch.cat(scores), info)
 
 
