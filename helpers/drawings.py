@@ -52,7 +52,7 @@ def plot_generate_vs_score(
     parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
     note = f"{scored} tokens{parts} in -> every label's probability"
     left.text(scored + gap, len(steps), note, va="center", fontsize=8)
-    left.set_xlim(0, max(widths) * 3.4)  # linear from zero: a one-token pass is a sliver beside the prompt's
+    left.set_xlim(0, max(widths) * 3.9)  # linear from zero: a one-token pass is a sliver beside the prompt's
     left.set_yticks(range(len(rows)), rows, fontsize=8)
     left.invert_yaxis()
     left.set_xlabel("tokens the forward pass processes")
