@@ -132,7 +132,7 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: 
     sizes = sorted(frame["batch_size"].dropna().unique())
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
-    pad_ax.set_xlabel("batch size (rows per forward pass; batch 1: one ticket per pass, the loop)")
+    pad_ax.set_xlabel("batch size (rows per forward pass; at 1, one ticket per pass: each curve's loop)")
     rate_ax.set_ylabel("tickets / s, all 600\n(bars: slowest to fastest repeat)")
     rate_ax.set_ylim(bottom=0)
     pad_ax.set_ylabel("padding (%)\nfilled: timed, hollow: plan")
@@ -158,7 +158,7 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", titl
     """Bar chart: padding fraction of processed tokens for each way of forming batches (``bench.padding_by_strategy``,
     whose ``attrs`` say which prompts and batch size)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    names = [STRATEGY_LABELS.get(name, name) for name in padding["strategy"]]
+    names = [STRATEGY_LABELS.get(name, name).replace(" ", "\n", 1) for name in padding["strategy"]]  # no overlap
     bars = ax.bar(names, padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
@@ -336,10 +336,11 @@ def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, p
     ax.scatter(margins[~flipped], errors[~flipped], s=14, color="0.55", label="same label as float32")
     ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
     ax.axvline(threshold, color="C0", ls="--", lw=1, label=f"threshold {threshold:.2f}: rescored left of it")
-    reach = max(margins.max(), errors.max(), threshold) * 1.3
-    ax.plot([0, reach], [0, reach], color="0.3", ls=":", lw=1, label="error = margin: a flip needs a point above it")
+    # Drawn through many points: on the symlog axis a line y = x is curved, and two points would draw a chord.
+    diagonal = np.linspace(0, max(margins.max(), errors.max(), threshold) * 1.3, 500)
+    ax.plot(diagonal, diagonal, color="0.3", ls=":", lw=1, label="error = margin: a flip needs a point above it")
     ax.set_xscale("symlog", linthresh=0.1)
-    ax.set_xlim(0, max(margins.max(), threshold) * 1.3)
+    ax.set_xlim(-0.01, max(margins.max(), threshold) * 1.3)  # a little room left of 0: a tie's marker shows whole
     ax.set_ylim(0, max(errors.max(), 1e-3) * 1.2)
     ax.set_xlabel(f"{dtype} top-two margin (log-prob; linear below 0.1)")
     ax.set_ylabel("margin error: largest change in\na difference of two labels' scores")

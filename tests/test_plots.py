@@ -237,7 +237,7 @@ def test_padding_by_strategy_names_its_prompts_and_batch_size_in_words(tmp_path,
 
     padding = padding_by_strategy(embedded[1], n=40, batch_size=8)
     fig, _ = plot_padding_by_strategy(padding, "caption", path=tmp_path / "b.png")
-    names = [tick.get_text() for tick in fig.axes[0].get_xticklabels()]
+    names = [" ".join(tick.get_text().split()) for tick in fig.axes[0].get_xticklabels()]  # wrapped over two lines
     assert "token budget" in names and "token_budget" not in names, names
     assert title_of(fig).startswith("Padding, zero-shot prompts, batches of 8:"), title_of(fig)
     plt.close("all")
@@ -262,4 +262,23 @@ def test_the_ladder_has_error_bars_and_names_a_winner_only_beyond_the_spread(tmp
     close = ladder.assign(speedup_max=[0.3, 1.7, 1.9])
     fig, _ = plot_ladder(close, "caption", path=tmp_path / "m.png")
     assert "within noise of 'constrained loop'" in title_of(fig), title_of(fig)
+    plt.close("all")
+
+
+def test_the_margins_figure_draws_error_equal_to_margin_as_a_curve_on_its_symlog_axis(tmp_path):
+    """A flip needs a point above y = x; on a symlog axis that line is curved, so two end points would draw a chord
+    that puts flipped tickets below it."""
+    import numpy as np
+
+    from helpers.plots import plot_margins
+
+    margins, errors = [0.0, 0.05, 0.25, 1.5], [0.02, 0.03, 0.48, 0.1]
+    fig, _ = plot_margins(margins, errors, [True, False, True, False], 0.3, INFO, "bfloat16", tmp_path / "m.png")
+    ax = fig.axes[0]
+    line = next(line for line in ax.get_lines() if line.get_label().startswith("error = margin"))
+    x, y = line.get_data()
+    assert len(x) > 100 and np.allclose(x, y), "the diagonal is y = x at every point it is drawn through"
+    assert ax.get_xlim()[0] < 0, "room left of a margin of 0, so a tie's marker shows whole"
+    for margin, error in zip(margins, errors):  # every flipped ticket here lies above the line, as the legend says
+        assert (error > margin) == (error > np.interp(margin, x, y))
     plt.close("all")
