@@ -86,8 +86,9 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_ylim(0, max(ideal.max(), frame["speedup"].max()) * 1.15)
     low, high = reached.min(), reached.max()
     span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
-    ends = f"{frame['speedup'].iloc[0]:.2f}x at {share[0]:.0%} prefix share, {frame['speedup'].iloc[-1]:.2f}x at"
-    set_title(ax, title or f"The cache reached {span} of the ideal speedup: {ends} {share[-1]:.0%}")
+    first, last = frame["speedup"].iloc[0], frame["speedup"].iloc[-1]
+    default = f"The cache reached {span} of the ideal speedup: {first:.2f}x at {share[0]:.0%} prefix share, "
+    set_title(ax, title or default + f"{last:.2f}x at {share[-1]:.0%}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info), path)
