@@ -83,6 +83,8 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
+    from .classify import BATCH_SIZE
+
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     _add_common(classify, run_classify, "hub id, local path or 'embedded' (default: as load_model)", "no progress bar")
     add = classify.add_argument
@@ -98,7 +100,7 @@ def add_classify_parser(commands) -> None:
     strategies = ["loop", "arbitrary", "sorted", "token_budget"]
     strategy = "batching: sorted (default), loop, arbitrary or token_budget"
     add("--strategy", default="sorted", choices=strategies, help=strategy)
-    add("--batch-size", type=int, default=8, help="rows per batch (default 8)")
+    add("--batch-size", type=int, default=BATCH_SIZE, help=f"rows per batch (default {BATCH_SIZE})")
     add("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
     add("--no-prefix-cache", dest="prefix_cache", action="store_false", help="run every prompt in full")
     whole = "score each label followed by the end-of-answer marker (default: only when a label's tokens start "

@@ -95,7 +95,9 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
         if held != len(kinds) - kinds.count("dropped"):
             raise ValueError(f"{name}: the cache holds {held} positions but kinds name {len(kinds)} positions")
         layers = len(cache.layers)
-        nbytes = sum(t.nelement() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        used = sum(t.nelement() * t.element_size() for t in tensors)
+        stored = sum(t.untyped_storage().nbytes() for t in tensors)  # a crop is a view: its storage stays as it was
         start = 0
         for kind in dict.fromkeys(kinds):  # contiguous runs: the prefix, then the ticket's positions
             n = kinds.count(kind)
@@ -105,7 +107,8 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
         for k in range(1, layers):  # a thin line between layers: each holds the same positions
             y = row - 0.35 + 0.7 * k / layers
             ax.plot([0, held], [y, y], color="white", lw=0.4)
-        note = f"{held} positions x {layers} layers: {nbytes / 2**20:.1f} MiB"
+        note = f"{held} positions x {layers} layers: {used / 2**20:.1f} MiB"
+        note += f"\n(its storage still {stored / 2**20:.1f} MiB)" if stored > used else ""
         ax.text(len(kinds) + longest * 0.02, row, note, va="center", fontsize=8)
     first = snapshots[0][1].layers[0].keys
     per_position = 2 * len(snapshots[0][1].layers) * first.shape[1] * first.shape[3] * first.element_size()

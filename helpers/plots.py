@@ -46,10 +46,12 @@ def set_title(ax, text: str, width: float | None = None) -> None:
     ax.set_title(textwrap.fill(text, width=int(inches * 11)), fontsize=10)
 
 
-def finish(fig, info, path: str | Path) -> Path:
-    """Add the caption (a ModelInfo, a benchmark's results frame or a ready string), tighten the layout, save as PNG
-    (a relative path lands in ``helpers.outputs.output_dir()``: runs/ at the repository root, never notebooks/)."""
+def finish(fig, info, path: str | Path, note: str = "") -> Path:
+    """Add the caption (a ModelInfo, a benchmark's results frame or a ready string; ``note`` after it), tighten the
+    layout, save as PNG (a relative path lands in ``helpers.outputs.output_dir()``: runs/ at the repository root,
+    never notebooks/)."""
     text = info if isinstance(info, str) else bench_caption(info) if hasattr(info, "iloc") else caption(info)
+    text += note
     # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
     lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
@@ -174,8 +176,9 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", titl
     return fig, finish(fig, info, path)
 
 
-def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = None):
-    """Horizontal bars: each step's speedup over the one-at-a-time loop."""
+def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = None, note: str = ""):
+    """Horizontal bars: each step's speedup over the one-at-a-time loop. ``note``: added to the caption (how a step
+    timed otherwise than the rest was timed)."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     spread = None
     if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
@@ -202,7 +205,7 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
         verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of {others}"
     set_title(ax, title or f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
-    return fig, finish(fig, info, path)
+    return fig, finish(fig, info, path, note)
 
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):

@@ -72,16 +72,18 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
 def test_kv_cache_drawing_shows_positions_layers_and_bytes_from_the_cache_itself(tmp_path):
     from transformers import DynamicCache
 
-    def cache(positions, layers=3, heads=2, dims=4):
+    def cache(positions, layers=3, heads=2, dims=4096):
         held = DynamicCache()
         for layer in range(layers):
             held.update(torch.ones(1, heads, positions, dims), torch.ones(1, heads, positions, dims), layer)
         return held
 
+    cropped = cache(9)
+    cropped.crop(-3)  # a view of the first 6 positions: the storage still holds 9
     snapshots = [
         ("the prefix", cache(6), ["reused"] * 6),
         ("+ ticket", cache(9), ["reused"] * 6 + ["appended"] * 3),
-        ("crop", cache(6), ["reused"] * 6 + ["dropped"] * 3),
+        ("crop", cropped, ["reused"] * 6 + ["dropped"] * 3),
     ]
     fig, path = plot_kv_cache(snapshots, "caption", path=tmp_path / "kv.png")
     plt.close(fig)
@@ -89,8 +91,11 @@ def test_kv_cache_drawing_shows_positions_layers_and_bytes_from_the_cache_itself
     title = ax.get_title().replace("\n", " ")
     assert path.stat().st_size > 0 and "the 6-token prefix once, 3 layers deep" in title, title
     texts = [text.get_text() for text in ax.texts]
-    bytes_at_9 = 2 * 3 * 2 * 9 * 4 * 4  # keys and values x layers x heads x positions x dims x 4 bytes
-    assert f"9 positions x 3 layers: {bytes_at_9 / 2**20:.1f} MiB" in texts, texts
-    assert "2 heads x 4 dims" in ax.get_xlabel(), ax.get_xlabel()
+    per_position = 2 * 3 * 2 * 4096 * 4  # keys and values x layers x heads x dims x 4 bytes
+    assert f"9 positions x 3 layers: {9 * per_position / 2**20:.1f} MiB" in texts, texts
+    mib = per_position / 2**20
+    crop = f"6 positions x 3 layers: {6 * mib:.1f} MiB\n(its storage still {9 * mib:.1f} MiB)"
+    assert crop in texts and sum("storage" in text for text in texts) == 1, texts
+    assert "2 heads x 4096 dims" in ax.get_xlabel(), ax.get_xlabel()
     with pytest.raises(ValueError, match="holds 6 positions but kinds name 5"):
         plot_kv_cache([("bad", cache(6), ["reused"] * 5)], "caption", path=tmp_path / "bad.png")

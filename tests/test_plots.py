@@ -255,7 +255,8 @@ def test_the_ladder_has_error_bars_and_names_a_winner_only_beyond_the_spread(tmp
             "speedup_max": [0.3, 1.05, 1.9],
         }
     )
-    fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "l.png")
+    fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "l.png", note="; generate + parse: one run")
+    assert "caption; generate + parse: one run" in [text.get_text() for text in fig.texts], "the note joins the caption"
     assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers), "each step shows its spread"
     assert "slowest to fastest repeat" in fig.axes[0].get_xlabel()
     assert "best step '+ prefix cache' at 1.80x" in title_of(fig), "1.6-1.9 lies above 0.95-1.05: a winner"
