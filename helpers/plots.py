@@ -80,7 +80,8 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
     for row, fraction in zip(frame.itertuples(), reached):
         note = f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal"
-        ax.annotate(note, (row.prefix_share * 100, row.speedup), **NOTE, xytext=(5, 4), fontsize=7, va="bottom")
+        # below and right of the point: the measured line climbs away from there, the ideal runs above it
+        ax.annotate(note, (row.prefix_share * 100, row.speedup), **NOTE, xytext=(6, -4), fontsize=7, va="top")
     ax.axhline(1, color="0.6", lw=1, ls=":")
     ax.set_xlabel("static prefix's share of the prompt tokens (%)")
     ax.set_xlim(0, 100)  # room for the last point's label
@@ -260,7 +261,7 @@ def plot_accuracy_intervals(
             f"{row['accuracy']:.0%}", (100 * row["accuracy"], i), **NOTE, xytext=(0, 7), ha="center", fontsize=8
         )
     ax.set_yticks(list(y), rows["variant"])
-    ax.invert_yaxis()
+    ax.set_ylim(len(rows) - 0.5, -0.7)  # top row first, with room for its label above it
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%), with its 95 % Wilson interval")
     best = rows.sort_values("accuracy", ascending=False).iloc[0]
