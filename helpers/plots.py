@@ -168,7 +168,8 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", titl
     ax.set_ylabel("padding (% of processed tokens)")
     share = padding.set_index("strategy")["padding_fraction"]
     setting, nan = padding.attrs, float("nan")
-    where = f", {setting.get('prompts')} prompts, batches of {setting.get('batch_size')}" if setting else ""
+    known = {"prompts", "batch_size"} <= setting.keys()
+    where = f", {setting['prompts']} prompts, batches of {setting['batch_size']}" if known else ""
     shares = (
         f"sorted {share.get('sorted', nan):.1%} of processed tokens, arbitrary order {share.get('arbitrary', nan):.1%}"
     )
