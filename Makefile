@@ -47,7 +47,7 @@ notebooks: setup
 	mkdir -p $(RUNS)
 	@for nb in $(NOTEBOOKS); do \
 		echo "== $$nb"; \
-		(cd $(RUNS) && ../$(PY) -m papermill --cwd . ../$$nb $$(basename $$nb) -p SCALE $(SCALE) --progress-bar) || exit 1; \
+		(cd $(RUNS) && $(CURDIR)/$(PY) -m papermill --cwd . $(CURDIR)/$$nb $$(basename $$nb) -p SCALE $(SCALE) --progress-bar) || exit 1; \
 	done
 	@echo "Executed notebooks and their figures are in $(RUNS)/"
 

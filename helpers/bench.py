@@ -94,6 +94,15 @@ class Row:
         return cls(name, batch_size, len(lengths), scale, sample, plan_padding=padding)
 
     @property
+    def strategy(self) -> str:
+        """How it forms batches: ``score_batched``'s strategy."""
+        return STRATEGIES[self.name][0]
+
+    @property
+    def uses_prefix(self) -> bool:
+        return STRATEGIES[self.name][1]
+
+    @property
     def items_per_s(self) -> float:
         """The whole plan's tickets per second, from the median repeat."""
         return self.n / (statistics.median(self.seconds) * self.scale)
@@ -214,9 +223,9 @@ def run_benchmark(
         failed = []
 
         def run(key, chosen):
-            strategy, uses_prefix = STRATEGIES[key[0]]
-            prefix = cache if uses_prefix else None
-            return score_batched(model, tokenizer, scorer, chosen, strategy, key[1], prefix=prefix, progress=False)
+            row = found[key]
+            prefix = cache if row.uses_prefix else None
+            return score_batched(model, tokenizer, scorer, chosen, row.strategy, key[1], prefix=prefix, progress=False)
 
         # Warm-up: each row on one batch of its size (the longest: out of memory shows there), untimed; first calls
         # allocate memory and pick kernels.

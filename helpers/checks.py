@@ -56,15 +56,6 @@ def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
     return Tolerance(name, LOW_PRECISION_ATOL[name], True)
 
 
-def top2_margin(scores: LabelScores) -> torch.Tensor:
-    """Per item, how far the best label's log-score is ahead of the second best (inf with one label). Notebook 01,
-    section 4."""
-    if scores.log_scores.shape[-1] < 2:
-        return torch.full((len(scores),), float("inf"))
-    top = scores.log_scores.topk(2, dim=-1).values
-    return top[:, 0] - top[:, 1]
-
-
 def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
     """Fraction of identical predicted labels, the largest label log-prob difference, and near-ties.
 
@@ -76,7 +67,7 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
     if len(reference) != len(candidate):
         raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
     same = reference.predicted_index == candidate.predicted_index
-    tie = (top2_margin(reference) < near_tie).numpy()
+    tie = (reference.margins < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
     return dict(agreement=float(same.mean()), max_abs_diff=diff, n=len(reference), near_ties=int((~same & tie).sum()))
 
@@ -103,7 +94,7 @@ def assert_agrees(
     stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
     differs = reference.predicted_index != candidate.predicted_index
     if near_ties:
-        differs &= ~(top2_margin(reference) < atol).numpy()
+        differs &= ~(reference.margins < atol).numpy()
     differs = np.flatnonzero(differs)
     if len(differs):
         i = differs[0]

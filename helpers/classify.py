@@ -244,7 +244,9 @@ def classify_file(
     def score_share():
         # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
         wanted_dtype = "float32" if auto else dtype
-        model, tokenizer, info = load_model(model_name, dtype=wanted_dtype, device=run_device, verbose=main)
+        model, tokenizer, info = load_model(
+            model_name, dtype=wanted_dtype, device=run_device, verbose=main, tokenizer=first_tokenizer
+        )
         half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
         if auto:
             tell(f"--dtype auto: {why}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))

@@ -354,11 +354,13 @@ def load_model(
     device: str | torch.device | None = None,
     verbose: bool = True,
     attention: str | None = "auto",
+    tokenizer=None,
 ):
     """Load ``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or local path, "embedded", or a
     "twin:..." (timing only); default: ``resolve_name``'s, a fallback said in one line. ``dtype``: None picks
     ``pick_dtype``'s default; a half dtype is probed first (``settle_dtype``). ``attention``: "auto" switches
-    grouped-query models on CPU to ``sdpa_gqa`` (``helpers.attention``), a name forces it, None keeps transformers'."""
+    grouped-query models on CPU to ``sdpa_gqa`` (``helpers.attention``), a name forces it, None keeps transformers'.
+    ``tokenizer``: one ``load_tokenizer(name)`` returned already (loading it again costs a second or two)."""
     from transformers import AutoModelForCausalLM
 
     from .attention import use_gqa_attention
@@ -370,7 +372,7 @@ def load_model(
     torch.set_num_threads(threads)
     if reason and verbose:
         print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
-    tokenizer = load_tokenizer(resolved)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
     if resolved == EMBEDDED:
         path = convert_embedded()
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

@@ -23,7 +23,6 @@ from contextlib import contextmanager
 import torch
 
 from .batching import score_batched
-from .checks import top2_margin
 from .scoring import LabelScores
 
 # Prompts scored in both dtypes to measure how far rounding moves a margin (they keep their float32 scores). Each
@@ -65,7 +64,7 @@ def threshold_for(error: float, safety: float = SAFETY) -> float:
 def near_ties(scores: LabelScores, threshold: float) -> list[int]:
     """Rows whose top two labels are closer than ``threshold``: the ones rounding could have ordered either way.
     Notebook 05, section 4."""
-    return torch.nonzero(top2_margin(scores) < threshold).flatten().tolist()
+    return torch.nonzero(scores.margins < threshold).flatten().tolist()
 
 
 def half_copy(model, dtype: str):

@@ -216,6 +216,31 @@ class LabelScorer:
         """Several multi-token labels: their branches need a 4D mask so that none sees another."""
         return self.method == "sequence" and len(self.multi) > 1
 
+    def batch_inputs(self, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
+        """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
+        and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
+        restarting right after its row's last token. Notebook 03, section 7."""
+        tail = len(self.tail)
+        input_ids, mask = pad_left([[*row, *self.tail] for row in rows], pad_id)
+        positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
+        if tail:
+            width = input_ids.shape[1]
+            last = positions[:, width - tail - 1]
+            positions[:, width - tail :] = last[:, None] + 1 + self.tail_offsets
+        return input_ids, mask, positions
+
+    def visible_keys(self, mask: torch.Tensor, past_length: int = 0) -> torch.Tensor:
+        """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
+        tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook
+        03, section 7."""
+        batch, width = mask.shape
+        tail = len(self.tail)
+        allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
+        if tail:
+            branch = self.tail_label
+            allowed[:, width - tail :, width - tail :] &= branch[:, None] == branch[None, :]
+        return torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
+
     def describe(self) -> str:
         tokens = ", ".join(f"{lab}={len(ids)}" for lab, ids in zip(self.labels, self.label_ids))
         end = f", whole answers (+{len(self.end_ids)} end-of-answer token)" if self.complete else ""
@@ -250,6 +275,15 @@ class LabelScores:
     def confidence(self) -> np.ndarray:
         return self.probabilities.max(dim=-1).values.numpy()
 
+    @property
+    def margins(self) -> torch.Tensor:
+        """Per row, how far the best label's log-score is ahead of the second best (inf with one label): where it is
+        small, rounding can order the two either way. Notebooks 01 (section 4) and 05."""
+        if self.log_scores.shape[-1] < 2:
+            return torch.full((len(self),), float("inf"))
+        top = self.log_scores.topk(2, dim=-1).values
+        return top[:, 0] - top[:, 1]
+
     def to_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame({"predicted_label": self.predictions, "confidence": self.confidence})
         for j, label in enumerate(self.labels):
@@ -280,36 +314,9 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return input_ids, attention_mask
 
 
-def batch_inputs(scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
-    """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
-    and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
-    restarting right after its row's last token. Notebook 03, section 7."""
-    tail = len(scorer.tail)
-    input_ids, mask = pad_left([[*row, *scorer.tail] for row in rows], pad_id)
-    positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
-    if tail:
-        width = input_ids.shape[1]
-        last = positions[:, width - tail - 1]
-        positions[:, width - tail :] = last[:, None] + 1 + scorer.tail_offsets
-    return input_ids, mask, positions
-
-
-def visible_keys(mask: torch.Tensor, scorer: LabelScorer, past_length: int = 0) -> torch.Tensor:
-    """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
-    tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook 03,
-    section 7."""
-    batch, width = mask.shape
-    tail = len(scorer.tail)
-    allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
-    if tail:
-        branch = scorer.tail_label
-        allowed[:, width - tail :, width - tail :] &= branch[:, None] == branch[None, :]
-    return torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
-
-
 def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask (rows, 1, width, past + width) of ``visible_keys``, for several label branches."""
-    allowed = visible_keys(mask, scorer, past_length)
+    """Additive 4D mask (rows, 1, width, past + width) of ``LabelScorer.visible_keys``, for several label branches."""
+    allowed = scorer.visible_keys(mask, past_length)
     # A large negative number, not -inf: a padding row that sees nothing then stays finite (and unused). Half the
     # dtype's minimum: in float16 (min -65504) a score plus the minimum itself would round to -inf, and a row of
     # -inf is NaN after the softmax.
@@ -345,7 +352,7 @@ def label_log_probs(
     device = model.device
     tail = len(scorer.tail)
     past_length = prefix.length if prefix is not None else 0
-    input_ids, mask, positions = batch_inputs(scorer, rows, pad_id, past_length)
+    input_ids, mask, positions = scorer.batch_inputs(rows, pad_id, past_length)
     batch, width = input_ids.shape
     if scorer.is_tree:
         _check_full_attention(model, past_length + width)

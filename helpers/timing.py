@@ -1,5 +1,5 @@
 """Clocks that tell the truth on every device (notebooks 01-04, the profile, the benchmark), and one way to compare
-timings: warm up, alternate, repeat, and name a winner only beyond the spread (``compare``, ``verdict``).
+timings: warm up, alternate, repeat, and name a winner only beyond the spread (``compare``, ``Timing.verdict``).
 
 A GPU (CUDA or Apple's MPS) runs kernels asynchronously: a Python call returns as soon as the work is queued, so a
 clock read around it measures the queueing, not the work. Every timed block therefore waits for the device before
@@ -69,6 +69,25 @@ class Timing:
     def __str__(self) -> str:
         return f"{self.name}: {self.median:.3f} s (runs {self.low:.3f}-{self.high:.3f} s, {len(self.seconds)} runs)"
 
+    def overlaps(self, other: Timing) -> bool:
+        """True when these runs cannot say which is faster: their ranges overlap, or one has a single run (no spread
+        to judge a difference by)."""
+        if len(self.seconds) < 2 or len(other.seconds) < 2:
+            return True
+        return self.low <= other.high and other.low <= self.high
+
+    def verdict(self, other: Timing, per: str = "") -> str:
+        """One sentence comparing two timings, naming a winner only when their runs do not overlap. ``per``: what
+        the ratio of the medians is of, for the wording (e.g. "items/s")."""
+        fast, slow = (self, other) if self.median <= other.median else (other, self)
+        ratio, pair = slow.median / fast.median, f"{self.name} and {other.name}"
+        if min(len(self.seconds), len(other.seconds)) < 2:
+            return f"{pair}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: no winner named"
+        if self.overlaps(other):
+            runs = f"{len(self.seconds)} and {len(other.seconds)}"
+            return f"{pair} are within noise of each other (medians {ratio:.2f}x apart, but their runs overlap, {runs})"
+        return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"
+
 
 def compare(
     calls: dict[str, Callable[[], object]], device: torch.device | str | None = None, repeats: int = 3, warmup: int = 1
@@ -92,31 +111,3 @@ def compare(
             timings[name].seconds.append(clock.seconds)
             timings[name].results.append(result)
     return timings
-
-
-def within_noise(a: Timing, b: Timing) -> bool:
-    """True when these runs cannot say which is faster: their ranges overlap, or one has a single run (no spread to
-    judge a difference by)."""
-    if len(a.seconds) < 2 or len(b.seconds) < 2:
-        return True
-    return a.low <= b.high and b.low <= a.high
-
-
-def verdict(a: Timing, b: Timing, per: str = "") -> str:
-    """One sentence comparing two timings, naming a winner only when their runs do not overlap.
-
-    ``per``: what the ratio is of, for the wording (e.g. "items/s"); the ratio is of the medians.
-    """
-    fast, slow = (a, b) if a.median <= b.median else (b, a)
-    ratio = slow.median / fast.median
-    if min(len(a.seconds), len(b.seconds)) < 2:
-        return (
-            f"{a.name} and {b.name}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: "
-            "no winner named"
-        )
-    if within_noise(a, b):
-        return (
-            f"{a.name} and {b.name} are within noise of each other (medians {ratio:.2f}x apart, but their runs "
-            f"overlap, {len(a.seconds)} and {len(b.seconds)})"
-        )
-    return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"

@@ -13,7 +13,7 @@ import torch
 from helpers.data import build_prompt, encode_prompt
 from helpers.drawings import plot_generate_vs_score, plot_kv_cache
 from helpers.generation import generate_answer, generation_steps
-from helpers.scoring import LabelScorer, batch_inputs, visible_keys
+from helpers.scoring import LabelScorer
 
 
 def suptitle(fig) -> str:
@@ -61,8 +61,8 @@ def test_tree_mask_hides_label_branches_from_each_other(tiny_qwen, tmp_path):
     scorer = LabelScorer(tokenizer, ["billing", "refund request", "password reset"])
     assert scorer.is_tree, "two labels of several words: a tree"
     row = encode_prompt(tokenizer, build_prompt(tokenizer, "Please refund me", scorer.labels))
-    _, mask, _ = batch_inputs(scorer, [row], pad_id=0)
-    seen = visible_keys(mask, scorer)[0]
+    _, mask, _ = scorer.batch_inputs([row], pad_id=0)
+    seen = scorer.visible_keys(mask)[0]
     n, branch = len(row), scorer.tail_label
     tail = seen[n:, n:]
     assert torch.equal(tail, tail & (branch[:, None] == branch[None, :])), "a branch sees another branch"

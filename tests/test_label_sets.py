@@ -93,13 +93,12 @@ def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, 
 def test_visible_keys_hide_padding_and_other_branches(embedded):
     """The picture notebook 03 draws is the mask the forward pass gets: prefix seen by all, padding by none,
     causal over real tokens, and no label branch sees another."""
-    from helpers.scoring import batch_inputs, visible_keys
 
     _, tokenizer, _ = embedded
     scorer = LabelScorer(tokenizer, THREE_MULTI)
     rows, past = [[5, 6, 7], [8], [9, 10]], 4
-    input_ids, mask, positions = batch_inputs(scorer, rows, tokenizer.pad_token_id, past)
-    seen = visible_keys(mask, scorer, past)
+    input_ids, mask, positions = scorer.batch_inputs(rows, tokenizer.pad_token_id, past)
+    seen = scorer.visible_keys(mask, past)
     width, tail = mask.shape[1], len(scorer.tail)
     assert seen.shape == (3, width, past + width)
     assert seen[:, :, :past].all(), "every query sees the cached prefix"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import models
-from helpers.models import convert_embedded, load_model, pick_dtype
+from helpers.models import convert_embedded, load_model, load_tokenizer, pick_dtype
 
 
 def test_embedded_model_loads_with_a_record(embedded):
@@ -131,7 +131,9 @@ def test_converted_cache_is_reused():
     path = convert_embedded()
     stamp = (path / "model.safetensors").stat().st_mtime
     assert convert_embedded() == path
-    load_model("embedded", verbose=False)
+    tokenizer = load_tokenizer("embedded")
+    _, loaded, _ = load_model("embedded", verbose=False, tokenizer=tokenizer)  # classify's: loaded once, not twice
+    assert loaded is tokenizer
     assert (path / "model.safetensors").stat().st_mtime == stamp, "the cache must not be rewritten"
 
 

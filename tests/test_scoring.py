@@ -271,11 +271,11 @@ def test_accuracy_interval_figure_is_titled_from_its_data(tmp_path):
 def test_the_tree_mask_stays_finite_when_added_to_scores_in_low_precision(embedded, dtype):
     """A kernel that adds the mask to the attention scores in the model's dtype must not get -inf (a row of -inf is
     NaN after the softmax, and a NaN in a padding row spreads through the values)."""
-    from helpers.scoring import _tree_mask, batch_inputs
+    from helpers.scoring import _tree_mask
 
     _, tokenizer, _ = embedded
     scorer = LabelScorer(tokenizer, ["bug report", "refund request", "billing question about refunds"])
-    _, mask, _ = batch_inputs(scorer, [[1, 2], [1, 2, 3, 4]], tokenizer.pad_token_id)  # the first row left-padded
+    _, mask, _ = scorer.batch_inputs([[1, 2], [1, 2, 3, 4]], tokenizer.pad_token_id)  # the first row left-padded
     additive = _tree_mask(mask, scorer, past_length=0, dtype=dtype)
     assert (additive < -1000).any(), "the mask should block something"
     scores = torch.full_like(additive, -300.0)  # a strongly negative attention score, in the same dtype

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from helpers.timing import Stopwatch, Timing, compare, verdict, within_noise
+from helpers.timing import Stopwatch, Timing, compare
 
 
 def test_a_stopwatch_times_its_block_and_a_timing_keeps_its_fastest_run():
@@ -44,11 +44,11 @@ def test_compare_warms_up_each_then_alternates_the_order_of_the_rounds():
 
 def test_a_winner_is_named_only_when_the_runs_do_not_overlap():
     fast, slow = Timing("batched", [1.0, 1.1, 1.2]), Timing("loop", [2.0, 2.2, 2.1])
-    assert not within_noise(fast, slow)
-    assert verdict(slow, fast) == "batched is 1.91x faster than loop (runs do not overlap)"
+    assert not fast.overlaps(slow)
+    assert slow.verdict(fast) == "batched is 1.91x faster than loop (runs do not overlap)"
     close = Timing("sorted", [1.15, 1.3, 1.25])
-    assert within_noise(fast, close) and within_noise(close, fast)
-    sentence = verdict(fast, close)
+    assert fast.overlaps(close) and close.overlaps(fast)
+    sentence = fast.verdict(close)
     assert "within noise" in sentence and "faster" not in sentence
     assert fast.median == 1.1 and (fast.low, fast.high) == (1.0, 1.2)
     assert str(fast) == "batched: 1.100 s (runs 1.000-1.200 s, 3 runs)"
@@ -56,6 +56,6 @@ def test_a_winner_is_named_only_when_the_runs_do_not_overlap():
 
 def test_one_run_has_no_spread_and_decides_nothing():
     once, twice = Timing("loop", [2.0]), Timing("sorted", [1.0, 1.1])
-    assert within_noise(once, twice) and within_noise(twice, once)
-    sentence = verdict(once, twice)
+    assert once.overlaps(twice) and twice.overlaps(once)
+    sentence = once.verdict(twice)
     assert "no winner named" in sentence and "faster" not in sentence
