@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import platform
 import time
@@ -70,6 +71,9 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
     the folder's README: one row per notebook with its wall time and date; the rows of notebooks not rerun stay."""
     import papermill
 
+    # papermill reads a parameters cell line by line to list its parameters, and warns at every line of a value that
+    # spans several (each lesson's SIZES): noise for this run, which passes SCALE and OUTPUT_DIR, both one line.
+    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     folder, machine, today = Path(folder).resolve(), machine_line(), datetime.date.today().isoformat()
     readme = folder / "README.md"
     rows = _table_rows(readme) if notebooks else {}

@@ -4,6 +4,7 @@ the model, a tokenizer prepared for batching, and the ``ModelInfo`` record every
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -277,10 +278,11 @@ def _build_twin(name: str, tokenizer, dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(saved, dtype=dtype)
 
 
-def _hub_reachable() -> bool:
-    """One TCP connect to the hub, bounded (DNS included: in a thread) so an offline machine decides in seconds."""
-    endpoint, timeout = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co")), HUB_PROBE_TIMEOUT_S
-    reached: list[bool] = []
+@functools.cache
+def _hub_reachable(address: str, timeout: float) -> bool:
+    """One TCP connect to the hub, bounded (DNS included: in a thread) so an offline machine decides in seconds; once
+    per process: a tokenizer loaded first and its model loaded after (``classify``) resolve the default alike."""
+    endpoint, reached = urlsplit(address), []
 
     def probe() -> None:
         with contextlib.suppress(OSError):
@@ -311,7 +313,7 @@ def resolve_name(name: str | None = None) -> tuple[str, str | None]:
         return DEFAULT_MODEL, None
     if _offline():
         return EMBEDDED, "not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
-    if not _hub_reachable():
+    if not _hub_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), HUB_PROBE_TIMEOUT_S):
         return EMBEDDED, "not in the local Hugging Face cache and the hub is unreachable"
     return DEFAULT_MODEL, None
 

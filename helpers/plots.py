@@ -338,7 +338,7 @@ def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, p
     margins, errors, flipped = np.asarray(margins), np.asarray(errors), np.asarray(flipped, dtype=bool)
     if not (len(margins) == len(errors) == len(flipped)) or not len(margins):
         raise ValueError(f"one margin, error and flip per ticket, got {len(margins)}, {len(errors)}, {len(flipped)}")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9.5, 4))
     ax.scatter(margins[~flipped], errors[~flipped], s=14, color="0.55", label="same label as float32")
     ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
     ax.axvline(threshold, color="C0", ls="--", lw=1, label=f"threshold {threshold:.2f}: rescored left of it")
@@ -353,7 +353,8 @@ def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, p
     rescored = int((margins < threshold).sum())
     worst = f", the widest at margin {margins[flipped].max():.2f}" if flipped.any() else ""
     flips = f"{int(flipped.sum())} label(s) flipped{worst}"
-    set_title(ax, f"{dtype} against float32 on {len(margins)} tickets: {flips}; the threshold rescores {rescored}")
+    title = f"{dtype} against float32 on {len(margins)} tickets: {flips}; the threshold rescores {rescored}"
+    set_title(ax, title, width=6.5)  # the axes' width: the legend sits beside them, clear of every point
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, finish(fig, caption(info), path)

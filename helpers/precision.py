@@ -119,7 +119,8 @@ def score_verified(
     ``dtype``, each row under the threshold rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size
     or token_budget for every pass; ``prefix``: the model's float32 ``PrefixCache`` (both passes read it);
     ``on_batch`` as ``score_batched``'s, with each batch's final scores. ``info``: ``margin_error``, ``threshold``,
-    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``."""
+    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration,
+    half, rescore: where the time went)."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -131,7 +132,7 @@ def score_verified(
         with torch.autocast(model.device.type, enabled=False):
             return score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **options, **plan)
 
-    error = None
+    error, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
         first = full(prompts[:k], on_batch=on_batch)
         with mixed_precision(model, dtype):
@@ -139,6 +140,7 @@ def score_verified(
         log_scores[:k] = first.log_scores
         error = margin_error(in_half, first)
         threshold = threshold_for(error, safety) if threshold is None else threshold
+        phases["calibration"] = first.info["seconds"] + in_half.info["seconds"]
     rescored = []  # near ties, input positions: rescored together at the end, sorted, they pad less than a few a batch
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
@@ -157,11 +159,13 @@ def score_verified(
 
     if k < len(prompts):
         with mixed_precision(model, dtype):
-            score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
+            half = score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
+        phases["half"] = half.info["seconds"]
     if rescored:
-        full([prompts[i] for i in rescored], on_batch=landed)
+        phases["rescore"] = full([prompts[i] for i in rescored], on_batch=landed).info["seconds"]
     seconds = time.perf_counter() - start
     info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
+    info["phase_seconds"] = phases
     info["items_per_s"] = len(prompts) / seconds
     return LabelScores(list(scorer.labels), log_scores, info)
 

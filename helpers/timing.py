@@ -1,4 +1,4 @@
-"""Clocks that tell the truth on every device (notebooks 01-04, the profile, the benchmark), and one way to compare
+"""Clocks that tell the truth on every device (notebooks 01-05, the profile, the benchmark), and one way to compare
 timings: warm up, alternate, repeat, and name a winner only beyond the spread (``compare``, ``Timing.verdict``).
 
 A GPU (CUDA or Apple's MPS) runs kernels asynchronously: a Python call returns as soon as the work is queued, so a

@@ -43,6 +43,7 @@ def test_unreachable_hub_is_decided_within_the_probe_timeout(monkeypatch):
     expected = (models.EMBEDDED, "not in the local Hugging Face cache and the hub is unreachable")
     # A refused connection (nothing listens on loopback port 1) ...
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    models._hub_reachable.cache_clear()
     assert models.resolve_name() == expected
 
     # ... and one that hangs (DNS or a silent firewall) are both decided within the timeout.
@@ -51,6 +52,7 @@ def test_unreachable_hub_is_decided_within_the_probe_timeout(monkeypatch):
         raise OSError("timed out")
 
     monkeypatch.setattr(models.socket, "create_connection", hang)
+    models._hub_reachable.cache_clear()  # a process probes once per endpoint: forget the refused one
     start = time.perf_counter()
     assert models.resolve_name() == expected
     assert time.perf_counter() - start < 2.5, "a 0.5 s probe must not wait for the 3 s hang"

@@ -186,7 +186,7 @@ def test_every_size_a_lesson_runs_is_in_its_parameters_cell_at_each_scale(notebo
         assert gone not in source, f"{notebook.name} still uses {gone}"
 
 
-HELPERS_NAMES = 22  # 00 13, 01 22, 02 21, 03 21, 04 22, 05 21 names today; the aim is about 20
+HELPERS_NAMES = 22  # 00 13, 01 22, 02 21, 03 21, 04 22, 05 22 names today; the aim is about 20
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
@@ -204,7 +204,8 @@ def test_a_lesson_imports_few_names_from_helpers(notebook):
 def test_notebook_runs_at_small_size(notebook, tmp_path):
     """Every lesson runs at its quick scale, and every figure it says it saved is there."""
     declared = papermill.inspect_notebook(str(notebook))
-    assert "MODEL" in declared and "OUTPUT_DIR" in declared, f"{notebook.name}: parameters cell is missing knobs"
+    missing = {"MODEL", "OUTPUT_DIR", "SCALE"} - declared.keys()  # make notebooks passes SCALE
+    assert not missing, f"{notebook.name}: parameters cell is missing {sorted(missing)}"
     executed = run_small(notebook, declared, tmp_path)
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     # the figures and tables it says it saved (the machine profile's cache, when 00 measures it, is not an output)
@@ -221,7 +222,8 @@ SOLUTIONS_MODEL = "twin:tiny-qwen2"
 @pytest.mark.parametrize("notebook", SOLUTIONS, ids=lambda path: path.stem)
 def test_solutions_run_at_small_size(notebook, tmp_path):
     declared = papermill.inspect_notebook(str(notebook))
-    assert "MODEL" in declared and "OUTPUT_DIR" in declared, f"{notebook.name}: parameters cell is missing knobs"
+    missing = {"MODEL", "OUTPUT_DIR", "SCALE"} - declared.keys()  # make notebooks passes SCALE
+    assert not missing, f"{notebook.name}: parameters cell is missing {sorted(missing)}"
     run_small(notebook, declared, tmp_path, extra={"MODEL": SOLUTIONS_MODEL})
 
 

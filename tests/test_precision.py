@@ -117,6 +117,9 @@ def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
     verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=2, strategy="loop")
     assert 0 < verified.info["margin_error"] < 1, f"bfloat16 moved a margin by {verified.info['margin_error']}"
     assert verified.predictions == reference.predictions
+    phases = verified.info["phase_seconds"]  # where the time went: each phase timed inside the whole
+    assert {"calibration", "half"} <= phases.keys() <= {"calibration", "half", "rescore"}
+    assert 0 < sum(phases.values()) <= verified.info["seconds"]
     # The residual stream and output layer in float32 move margins less than rounding the whole model (section 2).
     with mixed_precision(model, "bfloat16"):
         mixed = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
