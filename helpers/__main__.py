@@ -83,6 +83,7 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
+    from .batching import STRATEGIES
     from .classify import BATCH_SIZE
 
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
@@ -97,9 +98,8 @@ def add_classify_parser(commands) -> None:
     dtype += "float32's) where the machine profile finds it fast, else float32 (default: float32 on CPU and MPS; on "
     dtype += "CUDA bfloat16 from compute capability 8.0, float16 below it where a probe forward gives finite logits)"
     add("--dtype", default=None, help=dtype)
-    strategies = ["loop", "arbitrary", "sorted", "token_budget"]
     strategy = "batching: sorted (default), loop, arbitrary or token_budget"
-    add("--strategy", default="sorted", choices=strategies, help=strategy)
+    add("--strategy", default="sorted", choices=STRATEGIES, help=strategy)
     add("--batch-size", type=int, default=BATCH_SIZE, help=f"rows per batch (default {BATCH_SIZE})")
     add("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
     add("--no-prefix-cache", dest="prefix_cache", action="store_false", help="run every prompt in full")

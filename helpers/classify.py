@@ -250,8 +250,7 @@ def classify_file(
         half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
         if auto:
             tell(f"--dtype auto: {why}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))
-        # The labels as the loaded model's tokenizer splits them: token ids must index this model's vocabulary.
-        scorer = LabelScorer(tokenizer, checked_labels, complete=whole_answers)
+        # scorer: label_scorer's, built on the tokenizer the model was loaded with (its token ids index this vocabulary)
         end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
         # The model's context in tokens (tokenizers report a huge sentinel when they do not know).
         limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
