@@ -6,7 +6,15 @@ import torch
 
 from helpers.batching import score_batched
 from helpers.data import LABELS
-from helpers.precision import half_copy, margin_error, mixed_precision, near_ties, score_verified, threshold_for
+from helpers.precision import (
+    FEW_PER_BATCH,
+    half_copy,
+    margin_error,
+    mixed_precision,
+    near_ties,
+    score_verified,
+    threshold_for,
+)
 from helpers.scoring import LabelScorer, LabelScores
 from tests.conftest import prompts_for
 
@@ -62,7 +70,7 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
         dtype,
         calibration=6,
         strategy="sorted",
-        batch_size=4,
+        batch_size=8,
         on_batch=lambda items, scores, full: relayed.append((items, scores.clone())),
     )
     landed = [i for items, _ in relayed for i in items]
@@ -73,10 +81,12 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     assert verified.predictions == reference.predictions
     info = verified.info
     assert info["calibration"] == 6 and info["threshold"] == threshold_for(info["margin_error"])
-    # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches)
+    # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches; the
+    # calibration's few rows in smaller ones)
+    assert FEW_PER_BATCH < 8
     with mixed_precision(model, dtype):
-        calibration = score_batched(model, tokenizer, scorer, prompts[:6], "sorted", 4, progress=False)
-        rest = score_batched(model, tokenizer, scorer, prompts[6:], "sorted", 4, progress=False)
+        calibration = score_batched(model, tokenizer, scorer, prompts[:6], "sorted", FEW_PER_BATCH, progress=False)
+        rest = score_batched(model, tokenizer, scorer, prompts[6:], "sorted", 8, progress=False)
     assert margin_error(rest, reference[6:]) > 0, "the block ran the model in half precision"
     assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[:6]), abs=1e-4)
     # the calibration rows keep float32's scores; after them, exactly the near ties were rescored, to float32's
