@@ -32,7 +32,7 @@ CALIBRATION = 16
 # The calibration sample's largest margin error times this is the rescoring threshold: a row of the full job may see
 # a larger error than any of the sample's, and rescoring a few rows too many costs little.
 SAFETY = 2.0
-# Calibration and rescoring score a few rows of any length, which in one batch would all pad to the longest: 16
+# Calibration and rescoring score a set of rows of any length, which in one batch would all pad to the longest: 16
 # article rows (144 to 338 tokens) took 6.0 s as one float32 batch and 3.1 s in sorted batches of 4.
 FEW_PER_BATCH = 4
 # A verified path only pays where half precision runs at least this much faster than float32 (notebook 00's matmul).
@@ -102,6 +102,13 @@ def mixed_precision(model, dtype: str):
             head.forward = own
 
 
+def batch_for_few(rows: int, batch_size: int) -> int:
+    """Rows per sorted batch for the calibration sample and the rescored near ties: sets of any length, so at least
+    four batches (each pads only to the longest of its quarter of the lengths), at least ``FEW_PER_BATCH`` rows
+    each (fewer batches cost less), never more than the plan's ``batch_size``. Notebook 05, section 2."""
+    return min(batch_size, max(FEW_PER_BATCH, rows // 4))
+
+
 def score_verified(
     model,
     tokenizer,
@@ -120,10 +127,12 @@ def score_verified(
     ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (they keep those scores) and in ``dtype``;
     the threshold is their largest margin error times ``safety`` (or ``threshold`` as given); the rest are scored in
     ``dtype``, each row under the threshold rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size
-    or token_budget for every pass; ``prefix``: the model's float32 ``PrefixCache`` (both passes read it);
-    ``on_batch`` as ``score_batched``'s, with each batch's final scores. ``info``: ``margin_error``, ``threshold``,
-    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration,
-    half, rescore: where the time went)."""
+    or token_budget for the half-precision pass; the calibration and the rescoring run in sorted batches of
+    ``batch_for_few`` rows (one at a time under "loop"; a token budget, which bounds memory, keeps its batches);
+    ``prefix``: the model's float32 ``PrefixCache`` (both passes read it); ``on_batch`` as ``score_batched``'s, with
+    each batch's final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` (input positions),
+    ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration, half, rescore: where the time
+    went)."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -131,22 +140,26 @@ def score_verified(
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
     log_scores = torch.empty(len(prompts), len(scorer.labels))
 
-    few = {**plan, "batch_size": min(plan.get("batch_size") or FEW_PER_BATCH, FEW_PER_BATCH)}
+    def few(chosen):  # the plan for the calibration sample or the near ties
+        if plan.get("strategy") in ("loop", "token_budget"):
+            return plan
+        size = batch_for_few(len(chosen), plan.get("batch_size") or FEW_PER_BATCH)
+        return {**plan, "strategy": "sorted", "batch_size": size}
 
-    def full(chosen, **options):  # a few rows in float32, also inside a mixed-precision block
+    def full(chosen, **options):  # float32, also inside a mixed-precision block
         with torch.autocast(model.device.type, enabled=False):
-            return score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **options, **few)
+            return score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **options, **few(chosen))
 
     error, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
         first = full(prompts[:k], on_batch=on_batch)
         with mixed_precision(model, dtype):
-            in_half = score_batched(model, tokenizer, scorer, prompts[:k], prefix=prefix, **few)
+            in_half = score_batched(model, tokenizer, scorer, prompts[:k], prefix=prefix, **few(prompts[:k]))
         log_scores[:k] = first.log_scores
         error = margin_error(in_half, first)
         threshold = threshold_for(error, safety) if threshold is None else threshold
         phases["calibration"] = first.info["seconds"] + in_half.info["seconds"]
-    rescored = []  # near ties, input positions: rescored together at the end, sorted, they pad less than a few a batch
+    rescored = []  # near ties, input positions: rescored together at the end, in batches sorted by length
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
         near = set(near_ties(LabelScores(scorer.labels, scores), threshold))

@@ -8,6 +8,7 @@ from helpers.batching import score_batched
 from helpers.data import LABELS
 from helpers.precision import (
     FEW_PER_BATCH,
+    batch_for_few,
     half_copy,
     margin_error,
     mixed_precision,
@@ -83,9 +84,11 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     assert info["calibration"] == 6 and info["threshold"] == threshold_for(info["margin_error"])
     # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches; the
     # calibration's few rows in smaller ones)
-    assert FEW_PER_BATCH < 8
+    assert batch_for_few(6, 8) < 8
     with mixed_precision(model, dtype):
-        calibration = score_batched(model, tokenizer, scorer, prompts[:6], "sorted", FEW_PER_BATCH, progress=False)
+        calibration = score_batched(
+            model, tokenizer, scorer, prompts[:6], "sorted", batch_for_few(6, 8), progress=False
+        )
         rest = score_batched(model, tokenizer, scorer, prompts[6:], "sorted", 8, progress=False)
     assert margin_error(rest, reference[6:]) > 0, "the block ran the model in half precision"
     assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[:6]), abs=1e-4)
@@ -114,6 +117,37 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     )
     assert nothing.info["rescored"] == [] and nothing.log_scores.dtype == torch.float32
     assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
+
+
+def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the_plan(tiny_qwen, monkeypatch):
+    """The calibration sample and the near ties are rows of any length: sorted, at least four batches of at least
+    FEW_PER_BATCH rows, never over the plan's batch size; "loop" and a token budget (it bounds memory) keep theirs."""
+    assert [batch_for_few(rows, 16) for rows in (1, 6, 16, 40, 64, 600)] == [FEW_PER_BATCH] * 3 + [10, 16, 16]
+    assert batch_for_few(16, 2) == 2
+    model, tokenizer, _ = tiny_qwen
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, [f"ticket {i} " + "word " * (i % 7) for i in range(20)])
+    calls = []  # each pass: (rows, strategy, batch_size, token_budget)
+
+    def spy(model, tokenizer, scorer, chosen, strategy="sorted", batch_size=16, token_budget=None, **options):
+        calls.append((len(chosen), strategy, batch_size, token_budget))
+        return score_batched(model, tokenizer, scorer, chosen, strategy, batch_size, token_budget, **options)
+
+    monkeypatch.setattr("helpers.precision.score_batched", spy)
+    everything = dict(dtype="bfloat16", calibration=8, threshold=float("inf"))  # rescores all 12 after the calibration
+    score_verified(model, tokenizer, scorer, prompts, **everything, strategy="arbitrary", batch_size=16)
+    assert calls == [
+        (8, "sorted", 4, None),
+        (8, "sorted", 4, None),
+        (12, "arbitrary", 16, None),
+        (12, "sorted", 4, None),
+    ]
+    for plan in (dict(strategy="loop", batch_size=1), dict(strategy="token_budget", batch_size=None, token_budget=900)):
+        calls.clear()
+        score_verified(model, tokenizer, scorer, prompts, **everything, **plan)
+        assert {call[1:] for call in calls} == {
+            tuple(plan.get(key) for key in ("strategy", "batch_size", "token_budget"))
+        }
 
 
 def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
