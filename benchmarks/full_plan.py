@@ -1,82 +1,68 @@
-"""Does the sample hold? Each row is timed as notebooks 03 and 04 time it (every k-th block of the sorted
-600 tickets, alternating repeats, scaled by padded tokens: ``helpers.bench``), then on all 600 tickets, in the
-same process (the sample's repeats half before the full run, half after); the script prints both numbers and their
-ratio.
+"""Does the sample hold? Each group of rows is timed as notebooks 03 and 04 time it (``helpers.bench.sweep``: the
+middle block of every ``every``, alternating repeats, each block scaled to its stratum), then on all 600 tickets
+(``every=1``: nothing estimated), in the same process; the sample's repeats half before the full runs, half after,
+so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints each row's
+two rates and their ratio, and each group's verdict (its first row against the others) from both.
 
-    python benchmarks/full_plan.py                    # the defaults below: about 19 minutes on 2 cores
-    python benchmarks/full_plan.py --rows loop:1:0:32:9,sorted:32:0:32:9 --repeats 3
+    python benchmarks/full_plan.py                    # 03's race: about 40 minutes on a slow 2-core CPU
+    python benchmarks/full_plan.py --rows loop:1:3:16:18,sorted_prefix:16:3:16:18 --repeats 3
 
-A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``). The defaults are notebook
-03's race (zero-shot, the loop against sorted batches of 32) and notebook 04's 3-shot loop and its best size in the
-reference run (sorted batches of 16 on the prefix cache), each at its lesson's default sample and repeats.
+A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``); rows with the same
+shots, block and every form a group, timed together. The default is notebook 03's race at its default sample
+(zero-shot, the loop against sorted batches of 32, blocks of 32, every 9th).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from helpers.batching import score_batched
-from helpers.bench import POOL, STRATEGIES, Row, row_lengths, sample_tickets, scale_to_plan
-from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
+from helpers.bench import POOL, STRATEGIES, sweep
+from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model, machine_name
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
 
-# strategy:batch size:shots:block:every (the lessons' defaults: 03 blocks of 32, every 9th; 04 blocks of 16, every 18th)
-DEFAULT_ROWS = "loop:1:0:32:9,sorted:32:0:32:9,loop:1:3:16:18,sorted_prefix:16:3:16:18"
+DEFAULT_ROWS = "loop:1:0:32:9,sorted:32:0:32:9"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:batch:shots:block:every,... ({DEFAULT_ROWS})")
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds of the sample (default 2, as 03 and 04)")
+    parser.add_argument("--whole", type=int, default=2, help="timed rounds of all 600 tickets (default 2)")
     parser.add_argument("--model", default="embedded")
     args = parser.parse_args()
     model, tokenizer, info = load_model(args.model)
-    print(info.short(), "·", machine_name(model.device))
+    print(info.short(), "·", machine_name(model.device), flush=True)
     texts = make_tickets(POOL, seed=0, style="article")["text"].tolist()
     scorer = LabelScorer(tokenizer, LABELS)
+    groups: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
     for spec in args.rows.split(","):
         name, size, shots, block, every = spec.split(":")
-        size, shots, block, every = int(size), int(shots), int(block), int(every)
-        strategy, uses_prefix = STRATEGIES[name]
+        groups.setdefault((int(shots), int(block), int(every)), []).append((name, int(size)))
+    for (shots, block, every), keys in groups.items():
         examples = few_shot_examples(shots)
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-        cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples) if uses_prefix else None
-        planned = row_lengths(lengths, uses_prefix, cache.length if cache else 0)
-        rows = {}
-        for k in (every, 1):
-            sample = sample_tickets(lengths, block, k)
-            rows[k] = Row(name, size, POOL, scale_to_plan(planned, sample, strategy, size), sample)
+        cache = None
+        if any(STRATEGIES[name][1] for name, _ in keys):
+            cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
 
-        def run(row):
-            return score_batched(
-                model,
-                tokenizer,
-                scorer,
-                [prompts[i] for i in row.sample],
-                strategy,
-                batch_size=size,
-                prefix=cache,
-                progress=False,
-            ).info["seconds"]
+        def timed(k, repeats):
+            return sweep(model, tokenizer, scorer, prompts, keys, block, k, repeats, cache, progress=False)[0]
 
-        run(rows[every])  # warm-up
-        # The sample's repeats straddle the full run (half before it, half after): a machine whose speed drifts
-        # during the full run widens the sample's spread instead of biasing the ratio unseen.
-        before = [run(rows[every]) for _ in range(args.repeats - args.repeats // 2)]
-        rows[1].seconds = [run(rows[1])]
-        rows[every].seconds = before + [run(rows[every]) for _ in range(args.repeats // 2)]
-        sampled, whole = rows[every], rows[1]
-        print(
-            f"{name} at {size}, {shots} shots: sample {sampled.items_per_s:.2f} items/s ({sampled.timed}, every "
-            f"{every}-th block of {block}; repeats before and after the full run "
-            f"{', '.join(f'{sampled.n / (t * sampled.scale):.2f}' for t in sampled.seconds)}) | all {POOL} "
-            f"timed once {whole.items_per_s:.2f} items/s | "
-            f"sample / full = {sampled.items_per_s / whole.items_per_s:.3f}",
-            flush=True,
-        )
+        sample = timed(every, args.repeats - args.repeats // 2)
+        whole = timed(1, args.whole)
+        for key, row in timed(every, args.repeats // 2).items():
+            sample[key].seconds += row.seconds
+        for key in keys:
+            s, w = sample[key], whole[key]
+            rounds = [", ".join(f"{row.n / t:.2f}" for t in row.seconds) for row in (s, w)]
+            ratio = s.items_per_s / w.items_per_s
+            print(
+                f"{s.timing.name}, {shots} shots: sample {s.items_per_s:.2f} items/s ({s.timed}; repeats {rounds[0]})",
+                end="",
+            )
+            print(f" | all {POOL} {w.items_per_s:.2f} (repeats {rounds[1]}) | sample / all = {ratio:.3f}", flush=True)
 
 
 if __name__ == "__main__":

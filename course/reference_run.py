@@ -52,11 +52,13 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     link = os.path.relpath(source, path.parent)
     text = (
-        f"> **Reference run, not your results.** Executed on {machine}, {datetime.date.today().isoformat()}, in "
-        f'{seconds:.0f} s, with `make reference` (the embedded model, `SCALE="default"`). Every number and figure '
-        f"below is that machine's; run [the source notebook]({link}) to get yours."
+        f"> **Reference run, not your results:** {machine}, {datetime.date.today().isoformat()}, {seconds:.0f} s "
+        f'(`make reference`: the embedded model, `SCALE="default"`). Run [the source notebook]({link}) for yours.'
     )
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(text))
+    for cell in notebook.cells:  # papermill's parameters cell is the run's bookkeeping: collapsed, as the setup cell
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
     nbformat.write(notebook, path)
 
 

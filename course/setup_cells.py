@@ -16,6 +16,9 @@ import nbformat
 from course.reference_run import sources as course_notebooks
 
 CELL_TAG = "setup"
+# Collapsed by the Jupyter conventions (JupyterLab's source_hidden, Jupyter Book's and nbconvert's hide-input): the
+# cell is harness, not the lesson; its output, where it installs something, stays in view.
+METADATA = {"tags": [CELL_TAG, "hide-input"], "jupyter": {"source_hidden": True}}
 SETUP_CELL = """\
 # Setup: where this kernel lacks the course's `helpers` package (a fresh Colab or Kaggle notebook, a plain Jupyter),
 # install it from $SLM_COURSE_SOURCE, else the course folder around this notebook (editable: your edits count), else
@@ -74,12 +77,12 @@ def write_setup_cells(notebooks: list[Path], source: str | None = None) -> list[
         notebook = nbformat.read(path, as_version=4)
         cell = _setup_cell_in(notebook)
         wanted = setup_cell(_source_in(cell) if source is None else source)
-        if cell is not None and cell.source == wanted:
+        if cell is not None and cell.source == wanted and cell.metadata == METADATA:
             continue
         if cell is not None:
             notebook.cells.remove(cell)
         first_code = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "code"), len(notebook.cells))
-        notebook.cells.insert(first_code, nbformat.v4.new_code_cell(wanted, metadata={"tags": [CELL_TAG]}))
+        notebook.cells.insert(first_code, nbformat.v4.new_code_cell(wanted, metadata=METADATA))
         notebook.cells[first_code].id = f"{path.stem[:2]}-setup"
         nbformat.write(notebook, path)
         changed.append(path)

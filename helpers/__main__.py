@@ -7,7 +7,7 @@ import argparse
 import sys
 
 COLUMNS = "strategy batch_size dtype items_per_s items_per_s_min items_per_s_max speedup_vs_loop padding_fraction"
-COLUMNS += " plan_padding scale agreement max_abs_diff"
+COLUMNS += " plan_padding agreement max_abs_diff"
 
 
 def _csv_list(kind):
@@ -61,17 +61,16 @@ def add_bench_parser(commands) -> None:
 def run_bench(args) -> int:
     from .bench import run_benchmark
 
-    frame = run_benchmark(**_keywords(args))
+    frame, _ = run_benchmark(**_keywords(args))
     first = frame.iloc[0]
+    shots = f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
+    random = " · random weights: timing only" if first.timing_only else ""
+    print(f"{first.model} · {first.device} · {first.threads} threads · {first.machine} · {shots}{random}")
+    picked = "every block" if args.every == 1 else f"the middle block of every {args.every}"
+    scaled = "each block's seconds scaled by its stratum's padded tokens over its own"
     print(
-        f"{first.model} · {first.device} · {first.threads} threads · {first.machine} · {first.shots} shots "
-        f"(prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
-        + (" · random weights: timing only" if first.timing_only else "")
-    )
-    picked = "every block" if args.every == 1 else f"every {args.every}-th block"
-    print(
-        f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), seconds scaled by the plan's "
-        f"padded tokens over the sample's; agreement: against the {args.dtypes[0]} loop"
+        f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), {scaled}; agreement: against the "
+        f"{args.dtypes[0]} loop"
     )
     columns = [c for c in COLUMNS.split() if c in frame]
     print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))

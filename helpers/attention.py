@@ -1,17 +1,10 @@
 """Attention without copying keys and values per query head (grouped-query models on CPU).
 
-Qwen2.5 and SmolLM2 use grouped-query attention: several query heads share one key/value head
-(SmolLM2-135M: 9 query heads, 3 key/value heads). On CPU, transformers' ``sdpa`` attention copies each
-key/value head once per query head (``repeat_kv``) whenever a mask is given and more than one token is queried,
-which is always the case for a padded batch or a cached prefix: in a batch on top of the prefix cache that is 3 copies
-of every row's prefix, per
-layer, per batch. PyTorch's SDPA can read the shared heads itself (``enable_gqa=True``); on CPU its kernel
-takes masks that way. On CUDA a mask with ``enable_gqa`` falls back to the slow math kernel, so this is a
-CPU choice: ``use_gqa_attention`` switches a model to it only there.
-
-It is registered with transformers' own ``AttentionInterface`` (and the mask interface, so masks are built as
-for ``sdpa``), and computes the same attention: the agreement checks against the loop cover it.
-"""
+SmolLM2 and Qwen2.5 share each key/value head among several query heads. On CPU, transformers' ``sdpa`` copies each
+shared head once per query head (``repeat_kv``) whenever a mask is given, which a padded batch or a cached prefix
+always has; PyTorch's SDPA reads the shared heads itself (``enable_gqa=True``), and on CPU its kernel takes masks
+that way (on CUDA it would fall back to a slow kernel, so ``use_gqa_attention`` switches only CPU models). It is
+registered with transformers' ``AttentionInterface``, and the agreement checks against the loop cover it."""
 
 from __future__ import annotations
 
@@ -27,20 +20,12 @@ def sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError(f"{NAME} attention does not support position_bias or softcap: use 'sdpa'")
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # As in transformers: the causal flag only without a mask; with more keys than queries and no mask (prefill
-    # into an empty static cache) the keys past the queries are empty slots, cropped so causal aligns.
+    # As in transformers: the causal flag only without a mask (the series never uses a static cache, whose empty slots
+    # past the queries would need cropping first).
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
-    if is_causal and key.shape[2] > query.shape[2]:
-        key, value = key[:, :, : query.shape[2]], value[:, :, : query.shape[2]]
+    options = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-        is_causal=is_causal,
-        enable_gqa=query.shape[1] != key.shape[1],
+        query, key, value, **options, enable_gqa=query.shape[1] != key.shape[1]
     )
     return out.transpose(1, 2).contiguous(), None
 

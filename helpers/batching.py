@@ -25,12 +25,12 @@ STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
 class NonFiniteScores(RuntimeError):
     """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it).
-    Notebook 03, section 8."""
+    Notebook 03, section 2."""
 
 
 @dataclass
 class PaddingReport:
-    """Real and processed (padded) tokens of some batches, and the share that was padding. Notebook 03, section 4."""
+    """Real and processed (padded) tokens of some batches, and the share that was padding. Notebook 03, section 3."""
 
     real_tokens: int
     processed_tokens: int
@@ -50,22 +50,12 @@ class PaddingReport:
 
 
 def plan_batches(
-    lengths: Sequence[int],
-    strategy: str = "sorted",
-    batch_size: int = 16,
-    token_budget: int | None = None,
-    tokens_per_row: int = 0,
+    lengths: Sequence[int], strategy="sorted", batch_size=16, token_budget=None, tokens_per_row=0
 ) -> list[list[int]]:
-    """Indices of the items in each batch, in the order the batches run.
-
-    ``loop``: one item per batch, input order. ``arbitrary``: ``batch_size`` items per batch, input
-    order. ``sorted``: longest first (an out-of-memory error shows up in the first batch, not the last),
-    ``batch_size`` per batch. ``token_budget``: longest first, as many rows as keep
-    rows x (``tokens_per_row`` + longest row) within ``token_budget``; a single item over the budget
-    runs alone. ``tokens_per_row`` is what every row holds besides its own tokens: with the prefix
-    cache, the prefix's keys and values, expanded to every row of the batch.
-    Notebook 03, section 4.
-    """
+    """Indices of the items in each batch, in the order the batches run. ``loop``: one item per batch, input order;
+    ``arbitrary``: ``batch_size`` per batch, input order; ``sorted``: longest first (out of memory shows in the first
+    batch), ``batch_size`` per batch; ``token_budget``: longest first, as many rows as keep rows x (``tokens_per_row``,
+    e.g. a cached prefix, + the longest row) within ``token_budget``, an item over it alone. Notebook 03, section 3."""
     n = len(lengths)
     if n == 0:
         raise ValueError("nothing to batch: the list of items is empty")
@@ -124,18 +114,11 @@ def score_batched(
     unclean: str = "full",
     on_batch=None,
 ) -> LabelScores:
-    """Label scores for every prompt, in input order, plus timing and padding accounting in ``.info``.
-
-    With ``prefix`` (a ``PrefixCache``) only each prompt's tokens after the prefix are run; the
-    prefix is shared by every row of every batch, and a token budget counts it in every row, as it does the
-    label continuations appended to every row. A prompt
-    whose split is not token-clean runs with its full prompt instead (``unclean="full"``, the default;
-    ``.info["full_prompt_items"]`` lists them) or stops the run (``unclean="raise"``). A prompt that does
-    not start with the prefix at all always stops it: the cache was built for other prompts.
-    ``on_batch(items, log_scores, full)``: called as each batch finishes, with its input positions, their scores and
-    whether they ran in full (``classify`` lands them in its progress file).
-    Notebook 03, section 3.
-    """
+    """Label scores for every prompt, in input order, with timing and padding in ``.info``. With ``prefix`` (a
+    ``PrefixCache``) only each prompt's tokens after the prefix run; a prompt whose split is not token-clean runs in
+    full (``unclean="full"``, listed in ``.info["full_prompt_items"]``) or stops the run (``"raise"``); one that does
+    not start with the prefix always stops it. ``on_batch(items, log_scores, full)``: called as each batch finishes
+    (``classify`` lands them in its progress file). Notebook 03, section 2."""
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
     if unclean not in ("full", "raise"):

@@ -1,16 +1,9 @@
-"""Checks: agreement with the reference, and the statistics that say how sure a number is.
-
-Agreement with the reference: every optimized path's labels and log-probs against the one-ticket loop's.
-
-Identical labels and log-probs within a tolerance chosen by dtype (``tolerance_for``): 1e-3 in float32, where paths
-differ only by summation order; looser in half precision, where they are reported, not asserted. Notebook 01's
-section 4 checks by hand first; every later lesson calls ``assert_agrees``.
-"""
+"""Checks: agreement with the one-ticket loop (identical labels, log-probs within a tolerance chosen by dtype:
+``tolerance_for``), and the statistics that say how sure a number is (intervals, a paired test)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,10 +11,9 @@ import torch
 
 from .scoring import LabelScores
 
-# Lower precision rounds every layer: batched, cached and padded paths then differ from the loop by rounding.
-# Measured on the embedded model (24 few-shot tickets, sorted/arbitrary batches of 8, prefix cache, on a CPU):
-# float16 up to 0.04, bfloat16 up to 0.30 on label log-probs. Each tolerance leaves a margin over that.
-# float32 paths differ from the reference only by summation order: ~1e-5 on log-probs in practice.
+# float32 paths differ from the reference only by summation order (~1e-5 on log-probs). Lower precision rounds every
+# layer: on the embedded model (24 few-shot tickets, batches of 8, prefix cache, CPU) float16 moved label log-probs up
+# to 0.04, bfloat16 up to 0.30; each tolerance leaves a margin over that.
 FLOAT32_ATOL = 1e-3
 LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
 
@@ -30,7 +22,7 @@ LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
 class Tolerance:
     """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical,
     or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``.
-    Notebook 01, section 4."""
+    Notebook 01, section 3."""
 
     dtype: str
     atol: float
@@ -39,15 +31,12 @@ class Tolerance:
     def __str__(self) -> str:
         if not self.near_ties:
             return f"{self.dtype}: identical labels, log-probs within {self.atol:.0e}"
-        return (
-            f"{self.dtype} (low precision): log-probs within {self.atol:g}, labels identical except near-ties "
-            f"(the reference's top two within {self.atol:g}, where rounding may order them either way)"
-        )
+        ties = f"(the reference's top two within {self.atol:g}, where rounding may order them either way)"
+        return f"{self.dtype} (low precision): log-probs within {self.atol:g}, labels identical except near-ties {ties}"
 
 
 def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
-    """The agreement check for results computed in ``dtype`` (a model's ``.dtype`` or its name). Notebook 01, section
-    4."""
+    """The agreement check for results computed in ``dtype`` (or its name). Notebook 01, section 3."""
     name = str(dtype).removeprefix("torch.")
     if name == "float32":
         return Tolerance(name, FLOAT32_ATOL, False)
@@ -57,13 +46,9 @@ def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
 
 
 def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
-    """Fraction of identical predicted labels, the largest label log-prob difference, and near-ties.
-
-    A differing label counts as a near-tie when the reference's top two labels are less than ``near_tie``
-    apart: two runs that differ by rounding may then order them either way. ``agreement`` counts only
-    identical labels; ``near_ties`` says how many of the differences were near-ties.
-    Notebook 01, section 4.
-    """
+    """Fraction of identical labels, the largest label log-prob difference, and how many differing labels were near
+    ties (the reference's top two less than ``near_tie`` apart: rounding may order them either way). Notebook 01,
+    section 4."""
     if len(reference) != len(candidate):
         raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
     same = reference.predicted_index == candidate.predicted_index
@@ -73,21 +58,11 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
 
 
 def assert_agrees(
-    reference: LabelScores,
-    candidate: LabelScores,
-    atol: float | Tolerance = FLOAT32_ATOL,
-    near_ties: bool = False,
-    item_names: Sequence[str] | None = None,
+    reference: LabelScores, candidate: LabelScores, atol=FLOAT32_ATOL, near_ties=False, item_names=None
 ) -> dict:
-    """Same label for every item and log-probs within ``atol``; the error names the first bad item.
-
-    ``atol`` may be a ``Tolerance`` (``tolerance_for(model.dtype)``), which sets ``near_ties`` too.
-    ``near_ties=True`` is for low-precision runs: a differing label is accepted when the reference's top
-    two labels are within ``atol`` of each other (rounding can flip them), and counted in ``near_ties``.
-    float32 checks keep it off: there every label must be identical. ``item_names`` name the items in the
-    error (e.g. rows of a file); by default "item i", the position.
-    Notebook 01, section 4.
-    """
+    """Same label for every item and log-probs within ``atol``; the error names the first bad item (``item_names``,
+    else "item i"). A ``Tolerance`` as ``atol`` sets ``near_ties`` too: in low precision a differing label is accepted
+    where the reference's top two are within ``atol`` (rounding can order them either way). Notebook 01, section 3."""
     if isinstance(atol, Tolerance):
         atol, near_ties = atol.atol, atol.near_ties
     name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
@@ -111,13 +86,9 @@ def assert_agrees(
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion, ``successes`` out of ``n`` (95 % with the default ``z``).
-
-    Unlike p ± z·sqrt(p(1-p)/n) it stays within [0, 1] and does not shrink to a point at 0 or n successes,
-    which matters for the few dozen tickets a notebook can score. Two accuracies whose intervals overlap are
-    not told apart by these tickets (a conservative reading: no overlap is clearer than a significance test).
-    Notebook 01, section 4.
-    """
+    """The Wilson score interval of ``successes`` out of ``n`` (95 % with the default ``z``): unlike
+    p ± z·sqrt(p(1-p)/n) it stays within [0, 1] and does not shrink to a point at 0 or n, which matters on a few dozen
+    tickets. Notebook 01, section 4."""
     if n <= 0 or int(n) != n:
         raise ValueError(f"cannot give an interval for n={n} items: n must be a positive whole number")
     if not 0 <= successes <= n or int(successes) != successes:
@@ -134,13 +105,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def mcnemar_exact(only_first: int, only_second: int) -> float:
-    """McNemar's exact test for two classifiers scored on the same items: the two-sided p-value that the items only
-    the first got right (``only_first``) and those only the second got right (``only_second``) split as unevenly
-    as this by chance. Items both got right or both got wrong say nothing about which is better, so they are not
-    arguments: pass the two discordant counts. A paired test: unlike comparing two intervals, it uses the fact that
-    both were scored on the same tickets.
-    Notebook 01, Going deeper.
-    """
+    """McNemar's exact test for two classifiers on the same items: the two-sided p-value that the items only the first
+    got right and those only the second got right split as unevenly as this by chance (items both got right or both
+    wrong say nothing about which is better). Notebook 01, Going deeper."""
     for name, value in (("only_first", only_first), ("only_second", only_second)):
         if value < 0 or int(value) != value:
             raise ValueError(f"{name}={value} must be a whole number >= 0")

@@ -129,11 +129,10 @@ class ClassifyResult:
             prefix = f" · prefix cache: {len(full)} row(s) not token-clean at the prefix boundary ran in full"
             prefix += f" ({rows_text(full)})"
         resumed = f" ({self.resumed} resumed from a stopped run; the speed is this run's {scored} rows)"
-        return (
-            f"{self.rows} rows -> {self.output}{resumed if self.resumed else ''} · {scored / self.seconds:.2f} items/s"
-            f" overall · {self.model} · {self.dtype} · {self.device} · {self.processes} process(es)"
-            + (prefix if self.prefix_cache else " · no prefix cache")
-        )
+        speed = f"{scored / self.seconds:.2f} items/s"
+        rows = f"{self.rows} rows -> {self.output}{resumed if self.resumed else ''} · {speed}"
+        where = f"{self.model} · {self.dtype} · {self.device} · {self.processes} process(es)"
+        return f"{rows} overall · {where}" + (prefix if self.prefix_cache else " · no prefix cache")
 
 
 def _step(state, work: Callable[[], Any]) -> Any:
@@ -319,17 +318,13 @@ def classify_file(
     scores = LabelScores(checked_labels, log_scores)
     outcome.predictions = scores.predictions
     if half:
-        tell(
-            f"--dtype auto: {len(outcome.rescored)} of {len(gathered) - len(done)} rows rescored in float32 (top two "
-            "labels closer than the calibration's bound): every label is float32's"
-        )
+        rescored = f"{len(outcome.rescored)} of {len(gathered) - len(done)} rows rescored in float32"
+        tell(f"--dtype auto: {rescored} (top two labels closer than the calibration's bound): every label is float32's")
     elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(info.dtype).atol
         ties = len(near_ties(scores, atol))
-        tell(
-            f"{info.dtype}, unverified: {ties} of {len(scores)} rows have their top two labels within {atol:g}, near "
-            "ties that rounding may order either way (--dtype auto rescores such rows in float32)"
-        )
+        near = f"{ties} of {len(scores)} rows have their top two labels within {atol:g}, near ties that rounding may"
+        tell(f"{info.dtype}, unverified: {near} order either way (--dtype auto rescores such rows in float32)")
     tables.write_results(table, scores, output)
     resume.remove_progress(output)  # the output holds every row now
     outcome.output, outcome.seconds = output, time.perf_counter() - start

@@ -108,14 +108,9 @@ VARIED_FILLERS = [
 
 
 def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
-    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, sections
-    3-4."""
+    """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, section 3."""
     rng = np.random.default_rng(seed)
     return np.clip(rng.lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
-
-
-def _cut(words: list[str], n_words: int) -> str:
-    return " ".join(words[:n_words])
 
 
 def _article_ticket(i: int, n_words: int) -> tuple[str, str]:
@@ -124,7 +119,7 @@ def _article_ticket(i: int, n_words: int) -> tuple[str, str]:
     filler = ARTICLE_FILLER.split()
     while len(words) < n_words:
         words += filler
-    return _cut(words, n_words), label
+    return " ".join(words[:n_words]), label
 
 
 def _varied_ticket(i: int, n_words: int, rng: np.random.Generator) -> tuple[str, str]:
@@ -137,15 +132,12 @@ def _varied_ticket(i: int, n_words: int, rng: np.random.Generator) -> tuple[str,
     while len(words) < n_words:
         filler = VARIED_FILLERS[rng.integers(len(VARIED_FILLERS))]
         words += filler.format(order=f"A-{rng.integers(10000, 99999)}").split()
-    return _cut(words, n_words), label
+    return " ".join(words[:n_words]), label
 
 
 def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.DataFrame:
-    """Deterministic synthetic tickets: columns ``id, text, label, n_words``.
-
-    Label ``i mod 3`` for ticket ``i`` in both styles, so any prefix of the set is balanced.
-    Notebook 00, sections 3-4.
-    """
+    """Deterministic synthetic tickets, columns ``id, text, label, n_words``; label ``i mod 3`` for ticket ``i`` in both
+    styles, so any prefix of the set is balanced. Notebook 00, section 3."""
     if n < 1:
         raise ValueError(f"make_tickets needs n >= 1, got n={n}")
     counts = ticket_word_counts(n, seed)
@@ -157,9 +149,8 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
     else:
         raise ValueError(f"unknown ticket style {style!r}: use 'article' or 'varied'")
     texts, labels = zip(*rows)
-    return pd.DataFrame(
-        {"id": np.arange(n), "text": list(texts), "label": list(labels), "n_words": [len(t.split()) for t in texts]}
-    )
+    frame = pd.DataFrame({"id": np.arange(n), "text": list(texts), "label": list(labels)})
+    return frame.assign(n_words=frame["text"].str.split().str.len())
 
 
 # Few-shot examples: written separately from the generators' base tickets, so no test ticket is an example.
@@ -187,22 +178,16 @@ def few_shot_examples(k: int) -> list[tuple[str, str]]:
 
 
 def system_message(labels: Sequence[str] = LABELS, descriptions: dict[str, str] | None = None) -> str:
-    """The instruction, optionally with one line describing each label (e.g. ``LABEL_DESCRIPTIONS``). Notebook 00,
-    sections 3-4."""
+    """The instruction, with a line per label where described (``LABEL_DESCRIPTIONS``). Notebook 00, section 4."""
     text = SYSTEM_PROMPT.format(labels=", ".join(labels))
     if descriptions:
         text += "".join(f"\n- {label}: {descriptions[label]}" for label in labels if label in descriptions)
     return text
 
 
-def build_messages(
-    ticket: str,
-    labels: Sequence[str] = LABELS,
-    examples: Sequence[tuple[str, str]] = (),
-    descriptions: dict[str, str] | None = None,
-) -> list[dict[str, str]]:
-    """Chat messages: system instruction, few-shot examples as earlier turns, then the ticket. Notebook 00, sections
-    3-4."""
+def build_messages(ticket: str, labels: Sequence[str] = LABELS, examples=(), descriptions=None) -> list[dict[str, str]]:
+    """Chat messages: the instruction, few-shot (text, label) examples as earlier turns, then the ticket. Notebook 00,
+    section 4."""
     messages = [{"role": "system", "content": system_message(labels, descriptions)}]
     for text, label in examples:
         messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=text)})
@@ -216,48 +201,33 @@ PLAIN_DELIMITER = " "
 
 
 def uses_chat_template(tokenizer) -> bool:
-    """Whether prompts go through the tokenizer's chat template; a base model's (or a classifier saved without
-    one) get plain prompts (``plain_prompt``). Notebook 00, sections 3-4."""
+    """Whether prompts go through the tokenizer's chat template (else plain prompts). Notebook 00, section 4."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def plain_prompt(
-    tokenizer,
-    ticket: str,
-    labels: Sequence[str] = LABELS,
-    examples: Sequence[tuple[str, str]] = (),
-    descriptions: dict[str, str] | None = None,
-) -> str:
-    """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its
-    label after "Category:", then the ticket, ending at "Category:" (the label follows after ``PLAIN_DELIMITER``).
-    Starts with the tokenizer's BOS token where it has one, as the model saw text in training. Notebook 00, sections
-    3-4."""
+def plain_prompt(tokenizer, ticket: str, labels: Sequence[str] = LABELS, examples=(), descriptions=None) -> str:
+    """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its label
+    after "Category:", then the ticket up to "Category:", after the tokenizer's BOS token where it has one (as the
+    model saw text in training). Notebook 00, section 4."""
     parts = [system_message(labels, descriptions)]
     parts += [USER_TEMPLATE.format(ticket=text) + PLAIN_DELIMITER + label for text, label in examples]
     parts.append(USER_TEMPLATE.format(ticket=ticket))
     return (tokenizer.bos_token or "") + "\n\n".join(parts)
 
 
-def build_prompt(
-    tokenizer,
-    ticket: str,
-    labels: Sequence[str] = LABELS,
-    examples: Sequence[tuple[str, str]] = (),
-    descriptions: dict[str, str] | None = None,
-) -> str:
-    """The full prompt text through the tokenizer's chat template, generation prompt included; a plain prompt
-    (``plain_prompt``) where the tokenizer has no template. Notebook 00, sections 3-4."""
+def build_prompt(tokenizer, ticket: str, labels: Sequence[str] = LABELS, examples=(), descriptions=None) -> str:
+    """The prompt text through the tokenizer's chat template, generation prompt included; a plain prompt where the
+    tokenizer has none. ``examples``: few-shot (text, label) pairs. Notebook 00, section 4."""
     if not uses_chat_template(tokenizer):
         return plain_prompt(tokenizer, ticket, labels, examples, descriptions)
-    return tokenizer.apply_chat_template(
-        build_messages(ticket, labels, examples, descriptions), tokenize=False, add_generation_prompt=True
-    )
+    messages = build_messages(ticket, labels, examples, descriptions)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def answer_tokens(tokenizer, label: str) -> list[int]:
     """A label's tokens as they follow the prompt: right after the chat template's generation prompt, or, in a plain
     prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word).
-    Notebook 00, sections 3-4."""
+    Notebook 00, section 4."""
     if uses_chat_template(tokenizer):
         return tokenizer(label, add_special_tokens=False)["input_ids"]
     context = tokenizer(USER_TEMPLATE.format(ticket="x"), add_special_tokens=False)["input_ids"]
@@ -268,11 +238,10 @@ def answer_tokens(tokenizer, label: str) -> list[int]:
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a templated prompt. The template already holds the special tokens. Notebook 00, sections 3-4."""
+    """Token ids of a templated prompt (the template already holds the special tokens). Notebook 00, section 4."""
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    """``encode_prompt`` for many prompts in one call (a fast tokenizer splits the work across threads). Notebook 00,
-    sections 3-4."""
+    """``encode_prompt`` for many prompts in one call (a fast tokenizer uses every thread). Notebook 00, section 4."""
     return tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if len(prompts) else []

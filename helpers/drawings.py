@@ -1,8 +1,5 @@
-"""The mechanisms drawn from real tensors: generate vs score (notebook 01), the KV cache (02), padded batches (03).
-
-Each function takes what a lesson computed on its model (the passes generation made, the cache's keys, the
-batches) and draws it; nothing here runs a model. Titles are computed from the tensors they draw.
-"""
+"""The mechanisms drawn from a lesson's own tensors (nothing here runs a model), titles computed from them: generate
+vs score (notebook 01), the KV cache (02), padded batches (03)."""
 
 from __future__ import annotations
 
@@ -22,41 +19,31 @@ LEGEND_BELOW = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), 
 
 
 def plot_generate_vs_score(
-    steps,
-    label_probs: dict[str, float],
-    info,
-    path="generate_vs_score.png",
-    title: str | None = None,
-    answer: str | None = None,
-    score_tokens: int | None = None,
+    steps, label_probs: dict, info, path="generate_vs_score.png", answer=None, score_tokens=None
 ):
     """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.generation.generation_steps``:
     input tokens, the token it chose and its probability) above scoring's single pass. Right: what that single pass
     gives, every label's probability. ``answer``: the generated text as the parser sees it (default: the tokens
     joined); ``score_tokens``: what the scoring pass processes (default: the prompt; add the label tokens appended
-    after it)."""
+    after it). Notebook 01, section 2."""
     if not len(steps):
         raise ValueError("plot_generate_vs_score needs at least one generation step")
     labels, probs = list(label_probs), [float(p) for p in label_probs.values()]
     prompt = int(steps["input_tokens"].iloc[0])
     scored = int(score_tokens or prompt)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(steps) + 2.6), width_ratios=(3, 2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 0.45 * len(steps) + 2.4), width_ratios=(3, 2))
     rows = [f"generate, pass {k + 1}" for k in range(len(steps))] + ["score, the only pass"]
     widths = [*steps["input_tokens"], scored]
-    colours = ["C3"] * len(steps) + ["C0"]
-    left.barh(range(len(rows)), widths, color=colours, alpha=0.8)
-    gap = prompt * 0.03  # the notes start just right of each bar
+    left.barh(range(len(rows)), widths, color=["C3"] * len(steps) + ["C0"], alpha=0.8)
+    gap = max(widths) * 0.02  # the notes start just right of each bar
     for k, step in enumerate(steps.itertuples()):
-        note = f"{step.input_tokens} token(s) in -> {step.token!r} (p = {step.probability:.2f})"
+        note = f"{step.input_tokens} in -> {step.token!r} (p {step.probability:.2f})"
         left.text(step.input_tokens + gap, k, note, va="center", fontsize=8)
-    parts = f" ({prompt} prompt + {scored - prompt} label)" if scored != prompt else ""
-    note = f"{scored} tokens{parts} in -> every label's probability"
-    left.text(scored + gap, len(steps), note, va="center", fontsize=8)
-    left.set_xlim(0, max(widths) * 3.9)  # linear from zero: a one-token pass is a sliver beside the prompt's
+    left.text(scored + gap, len(steps), f"{scored} in -> every label", va="center", fontsize=8)
+    left.set_xlim(0, max(widths) * 2.1)  # linear from zero: a one-token pass is a sliver beside the prompt's
     left.set_yticks(range(len(rows)), rows, fontsize=8)
     left.invert_yaxis()
     left.set_xlabel("tokens the forward pass processes")
-    left.set_title("forward passes for one ticket", fontsize=9)
     right.barh(range(len(labels)), probs, color="C0")
     for k, p in enumerate(probs):
         right.text(p, k, f" {p:.2f}", va="center", fontsize=8)
@@ -64,26 +51,20 @@ def plot_generate_vs_score(
     right.invert_yaxis()
     right.set_xlim(0, 1.15)
     right.set_xlabel("probability, softmax over the labels only")
-    right.set_title("what scoring's one pass returns", fontsize=9)
     answer = "".join(steps["token"]) if answer is None else answer
-    if title is None:
-        title = (
-            f"One ticket: generating took {len(steps)} forward passes and returned text to parse ({answer.strip()!r}); "
-            f"scoring took 1 and returned every label's probability"
-        )
-    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
+    extra = f" and {scored - prompt} label token(s)" if scored != prompt else ""
+    title = (
+        f"One ticket, both ways through the same {prompt} prompt tokens{extra}: generating took {len(steps)} forward "
+        f"passes and returned text to parse ({answer.strip()!r}); scoring took 1 and returned every label's probability"
+    )
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 12)), fontsize=10)
     return fig, finish(fig, info, path)
 
 
-def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None):
-    """What a KV cache holds, step by step: one block per snapshot, token positions across and the model's layers
-    stacked up (every layer keeps a key and a value vector per position), coloured by what each position is, with
-    the bytes it holds beside it.
-
-    ``snapshots``: (name, cache, kinds), the cache a ``transformers`` cache (``DynamicCache``: its ``layers`` with
-    ``keys`` and ``values`` of shape (batch, key/value heads, positions, head dims)), kinds per position: "reused"
-    (the prefix, computed once), "appended" (this ticket's, written by its forward) or "dropped" (cropped away,
-    no longer held)."""
+def plot_kv_cache(snapshots, info, path="kv_cache.png"):
+    """What a KV cache holds, step by step: a block per snapshot, positions across and layers stacked up, coloured by
+    what each position is, with the bytes it holds. ``snapshots``: (name, ``DynamicCache``, a kind per position:
+    "reused" for the prefix, "appended" for this ticket's, "dropped" where cropped away). Notebook 02, section 3."""
     colours = {"reused": SEGMENT_COLOURS["cached prefix"], "appended": SEGMENT_COLOURS["ticket"], "dropped": "0.85"}
     names = {"reused": "prefix: computed once, reused", "appended": "this ticket's: appended"}
     names["dropped"] = "cropped away"
@@ -115,24 +96,21 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png", title: str | None = None
     ax.set_yticks(range(len(snapshots)), [name for name, _, _ in snapshots], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.45)
-    ax.set_xlabel(
-        f"token position in the cache (each one: a key and a value per layer, {first.shape[1]} heads x "
-        f"{first.shape[3]} dims, {per_position / 2**10:.0f} KiB)"
+    each = (
+        f"a key and a value per layer, {first.shape[1]} heads x {first.shape[3]} dims, {per_position / 2**10:.0f} KiB"
     )
+    ax.set_xlabel(f"token position in the cache (each one: {each})")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), **LEGEND_BELOW)
-    if title is None:
-        prefix = list(snapshots[0][2]).count("reused")
-        title = (
-            f"The cache holds the {prefix}-token prefix once, {len(snapshots[0][1].layers)} layers deep; a ticket "
-            "appends its positions to every layer and a crop drops them again"
-        )
-    set_title(ax, title)
+    prefix = list(snapshots[0][2]).count("reused")
+    layers = len(snapshots[0][1].layers)
+    title = f"The cache holds the {prefix}-token prefix once, {layers} layers deep; a ticket appends its positions to "
+    set_title(ax, title + "every layer and a crop drops them again")
     return fig, finish(fig, info, path)
 
 
-def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png", title: str | None = None):
+def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png"):
     """Each plan's batches in the order they run, one thin bar per ticket: its real tokens coloured, the left
     padding grey (what a padded batch computes for nothing), neighbouring batches in alternating shades. One panel
     per plan, same scale; drawn for a few tickets or for hundreds."""
@@ -160,22 +138,13 @@ def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png", t
         ax.set_xlabel("tokens (grey: padding, on the left; orange: ticket tokens,\nbatches in alternating shades)")
     size = max(len(b) for plan in plans.values() for b in plan)
     axes[0][0].set_ylabel(f"{len(lengths)} tickets, in batches of up to {size} rows")
-    if title is None:
-        (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
-        title = f"{len(lengths)} tickets in batches of {size}: {a} {pa:.0%} padding, {b} {pb:.0%}"
+    (a, pa), (b, pb) = list(shares.items())[0], list(shares.items())[-1]
+    title = f"{len(lengths)} tickets in batches of {size}: {a} {pa:.0%} padding, {b} {pb:.0%}"
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=10)
     return fig, finish(fig, info, path)
 
 
-def plot_prompt_split(
-    prefix_tokens: int,
-    ticket_tokens,
-    label_tokens: int,
-    info,
-    path="prompt_split.png",
-    names=None,
-    title: str | None = None,
-):
+def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png", names=None):
     """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
     scored after it in the same forward (notebook 02)."""
     import numpy as np
@@ -204,8 +173,8 @@ def plot_prompt_split(
     ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
     ax.set_xlabel("tokens in the forward pass")
     labels = f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens else ""
-    default = f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens"
-    set_title(ax, title or default + labels)
+    title = f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens"
+    set_title(ax, title + labels)
     ax.grid(alpha=0.3, axis="x")
     ax.legend(**LEGEND_BELOW)
     return fig, finish(fig, info, path)

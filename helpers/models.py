@@ -15,8 +15,6 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -67,8 +65,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def cuda_bfloat16(device: torch.device, capability: tuple[int, int] | None = None) -> bool:
-    """Whether a CUDA GPU runs bfloat16 natively: from compute capability 8.0 (Ampere) on. A T4 (7.5) only
-    emulates it, although ``torch.cuda.is_bf16_supported()`` says True there."""
+    """Whether a CUDA GPU runs bfloat16 natively: from compute capability 8.0 on (a T4, 7.5, only emulates it)."""
     return tuple(capability or torch.cuda.get_device_capability(device)) >= (8, 0)
 
 
@@ -82,9 +79,7 @@ def dtype_candidates(device: torch.device | str, capability: tuple[int, int] | N
     return [torch.float32, torch.float16, torch.bfloat16]
 
 
-def pick_dtype(
-    dtype: str | torch.dtype | None, device: torch.device, capability: tuple[int, int] | None = None
-) -> torch.dtype:
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, capability=None) -> torch.dtype:
     """float32 unless asked, except on CUDA: bfloat16 from compute capability 8.0, float16 below it."""
     if dtype is None:
         if device.type != "cuda":
@@ -105,8 +100,8 @@ class HalfPrecisionError(RuntimeError):
 
 @torch.inference_mode()
 def finite_logits(model, ids: torch.Tensor | None = None) -> bool:
-    """Whether one short forward (fixed token ids by default) gives finite logits. Models trained in bfloat16 (Qwen2
-    among them) can overflow in float16 on pre-Ampere GPUs such as the T4 (QwenLM/Qwen3 issues 761, 826, 868)."""
+    """Whether one short forward gives finite logits: models trained in bfloat16 (Qwen2 among them) can overflow in
+    float16 on GPUs such as the T4 (QwenLM/Qwen3 issues 761, 826, 868)."""
     ids = (torch.arange(1, 33) * 7919 % model.config.vocab_size).unsqueeze(0) if ids is None else ids
     return bool(torch.isfinite(model(input_ids=ids.to(model.device), use_cache=False).logits).all())
 
@@ -160,8 +155,8 @@ def threads_text(n: int) -> str:
 
 
 def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
-    """Physical cores this process may use (``taskset`` respected): a second matmul thread on a core's SMT sibling
-    only competes for its vector units. Every CPU allowed where the topology cannot be read."""
+    """Physical cores this process may use (``taskset`` respected; a second thread on a core's SMT sibling only
+    competes for its vector units); every CPU allowed where the topology cannot be read."""
     try:
         allowed = os.sched_getaffinity(0)
     except AttributeError:  # macOS, Windows
@@ -177,8 +172,8 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
 
 
 def process_threads() -> int:
-    """The physical cores, shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``), and at
-    most ``OMP_NUM_THREADS`` where it is set (the usual cap on a process's threads; the test suite's workers set it)."""
+    """The physical cores shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``), at most
+    ``OMP_NUM_THREADS`` where it is set."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     threads = max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
     cap = os.environ.get("OMP_NUM_THREADS", "")
@@ -280,8 +275,8 @@ def _build_twin(name: str, tokenizer, dtype: torch.dtype):
 
 @functools.cache
 def _hub_reachable(address: str, timeout: float) -> bool:
-    """One TCP connect to the hub, bounded (DNS included: in a thread) so an offline machine decides in seconds; once
-    per process: a tokenizer loaded first and its model loaded after (``classify``) resolve the default alike."""
+    """One bounded TCP connect to the hub (DNS included: in a thread), once per process, so that a tokenizer and its
+    model loaded after it resolve the default alike."""
     endpoint, reached = urlsplit(address), []
 
     def probe() -> None:
@@ -334,8 +329,7 @@ def _pretrained(auto_class, resolved: str, what: str, **options):
 
 
 def load_tokenizer(name: str | None = None):
-    """The tokenizer ``load_model(name)`` would return, without the model, with a pad token (EOS when the model has
-    none) and left padding, so a row's last real token sits at -1."""
+    """``load_model(name)``'s tokenizer alone: a pad token (EOS where there is none) and left padding."""
     from transformers import AutoTokenizer
 
     resolved, _ = resolve_name(name)
@@ -349,20 +343,10 @@ def load_tokenizer(name: str | None = None):
     return tokenizer
 
 
-def load_model(
-    name: str | None = None,
-    *,
-    dtype: str | torch.dtype | None = None,
-    device: str | torch.device | None = None,
-    verbose: bool = True,
-    attention: str | None = "auto",
-    tokenizer=None,
-):
-    """Load ``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or local path, "embedded", or a
-    "twin:..." (timing only); default: ``resolve_name``'s, a fallback said in one line. ``dtype``: None picks
-    ``pick_dtype``'s default; a half dtype is probed first (``settle_dtype``). ``attention``: "auto" switches
-    grouped-query models on CPU to ``sdpa_gqa`` (``helpers.attention``), a name forces it, None keeps transformers'.
-    ``tokenizer``: one ``load_tokenizer(name)`` returned already (loading it again costs a second or two)."""
+def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True, attention="auto", tokenizer=None):
+    """``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or path, "embedded" or a "twin:..." (default
+    ``resolve_name``'s, a fallback said in one line); ``dtype``: None picks ``pick_dtype``'s, a half one is probed;
+    ``attention``: "auto" uses ``sdpa_gqa`` for grouped-query models on CPU; ``tokenizer``: ``load_tokenizer``'s."""
     from transformers import AutoModelForCausalLM
 
     from .attention import use_gqa_attention
@@ -395,12 +379,3 @@ def load_model(
     n_params, dtype_name = sum(p.numel() for p in model.parameters()), str(dtype).removeprefix("torch.")
     attention = model.config._attn_implementation
     return model, tokenizer, ModelInfo(shown, source, n_params, dtype_name, str(device), threads, reason, attention)
-
-
-def timed_load(*args, **kwargs):
-    """``load_model`` plus its wall time in seconds (notebook 00 reports cold and warm loads)."""
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loaded = load_model(*args, **kwargs)
-    return (*loaded, time.perf_counter() - start)

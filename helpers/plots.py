@@ -9,13 +9,15 @@ import matplotlib.pyplot as plt
 
 from .models import machine_name, threads_text
 from .outputs import output_dir
+from .timing import overlap
 
 NOTE = {"textcoords": "offset points"}  # an annotation's offset from its point, in points
 
 
 def reaching(rows, column: str, best):
-    """The rows whose fastest repeat (``column``_max) reaches ``best``'s slowest (``column``_min): within noise."""
-    return rows[rows[f"{column}_max"] >= best[f"{column}_min"]]
+    """The rows whose spread of repeats (``column``_min to _max) overlaps ``best``'s: within noise of it."""
+    spread = (best[f"{column}_min"], best[f"{column}_max"])
+    return rows[[overlap((low, high), spread) for low, high in zip(rows[f"{column}_min"], rows[f"{column}_max"])]]
 
 
 def caption(info) -> str:
@@ -63,9 +65,9 @@ def finish(fig, info, path: str | Path, note: str = "") -> Path:
     return path
 
 
-def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | None = None):
-    """Measured prefix-cache speedup against the prefix's share of the prompt tokens, beside the ideal
-    1 / (1 - share) (notebook 02, section 5)."""
+def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
+    """Measured prefix-cache speedup against the prefix's share of the prompt tokens (bars: ``speedup_low`` to
+    ``speedup_high``, the range of its rounds), beside the ideal 1 / (1 - share). Notebook 02, section 5."""
     import numpy as np
 
     frame = frame.sort_values("prefix_share")
@@ -77,7 +79,12 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     curve = np.linspace(0, min(0.97, share.max() + 0.05), 100)
     ax.plot(curve * 100, 1 / (1 - curve), color="0.6", lw=1, label="ideal: 1 / (1 - prefix share)")
     ax.plot(share * 100, ideal, "o", color="0.6", mfc="white")
-    ax.plot(share * 100, frame["speedup"], marker="o", color="C0", label="measured in this run")
+    spread = None
+    if {"speedup_low", "speedup_high"} <= set(frame.columns):
+        spread = [frame["speedup"] - frame["speedup_low"], frame["speedup_high"] - frame["speedup"]]
+    ranged = " (bars: the range of its rounds)" if spread is not None else ""
+    label = f"measured in this run{ranged}"
+    ax.errorbar(share * 100, frame["speedup"], yerr=spread, marker="o", color="C0", capsize=3, label=label)
     for row, fraction in zip(frame.itertuples(), reached):
         note = f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal"
         # below and right of the point: the measured line climbs away from there, the ideal runs above it
@@ -86,12 +93,12 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png", title: str | 
     ax.set_xlabel("static prefix's share of the prompt tokens (%)")
     ax.set_xlim(0, 100)  # room for the last point's label
     ax.set_ylabel("speedup with the prefix cache (x)")
-    ax.set_ylim(0, max(ideal.max(), frame["speedup"].max()) * 1.15)
+    ax.set_ylim(0, max(ideal.max(), frame.get("speedup_high", frame["speedup"]).max()) * 1.15)
     low, high = reached.min(), reached.max()
     span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
     first, last = frame["speedup"].iloc[0], frame["speedup"].iloc[-1]
-    default = f"The cache reached {span} of the ideal speedup: {first:.2f}x at {share[0]:.0%} prefix share, "
-    set_title(ax, title or default + f"{last:.2f}x at {share[-1]:.0%}")
+    title = f"The cache reached {span} of the ideal speedup: {first:.2f}x at {share[0]:.0%} prefix share, "
+    set_title(ax, title + f"{last:.2f}x at {share[-1]:.0%}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info), path)
@@ -108,57 +115,64 @@ STRATEGY_LABELS = {
 }
 
 
-def sweep_curve(frame, strategy: str):
-    """A sorted strategy's points by batch size, its loop at batch 1 (sorted batches of one are the loop)."""
-    from .bench import LOOPS
-
-    rows = frame[(frame["strategy"] == strategy) | (frame["strategy"] == LOOPS.get(strategy))]
-    return rows.sort_values("batch_size")
-
-
-def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png", title: str | None = None):
+def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     """Two panels against batch size, each point all 600 tickets at that size (``helpers.bench``): tickets/s from
     zero (bars: the slowest and fastest repeat), and padding, the timed sample's (filled) beside the whole plan's
-    (hollow). A line per sorted strategy (its loop at batch 1) and dtype. Notebook 04, section 4."""
+    (hollow). A line per sorted strategy and dtype, starting at its loop at batch 1; a loop without a sorted curve of
+    its own (the plain loop, beside batches on the prefix cache) is drawn across as a dashed line. Notebook 04."""
+    from matplotlib.lines import Line2D
+
     fig, (rate_ax, pad_ax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     dtypes = list(dict.fromkeys(frame["dtype"]))
-    for k, (dtype, name) in enumerate((d, n) for d in dtypes for n in ("sorted", "sorted_prefix")):
-        points = sweep_curve(frame[frame["dtype"] == dtype], name)
-        if (points["strategy"] != name).all():
-            continue
-        style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
-        error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
-        sizes, line = points["batch_size"], dict(marker="o", ms=4, color=color, ls=style)
-        label = f"{STRATEGY_LABELS.get(name, name)}, {dtype}"
-        rate_ax.errorbar(sizes, points["items_per_s"], yerr=error, capsize=3, label=label, **line)
-        pad_ax.plot(sizes, 100 * points["padding_fraction"], **line)
-        pad_ax.plot(sizes, 100 * points["plan_padding"], **{**line, "ms": 7, "mfc": "none", "ls": "none"})
     sizes = sorted(frame["batch_size"].dropna().unique())
+    start_of = {}  # (dtype, prefix) -> the curve's batch-1 row: what the title's ratio divides by
+    drawn = frame[frame["strategy"].str.startswith(("loop", "sorted"))]  # a curve: a loop and its sorted batches
+    for k, ((dtype, prefix), points) in enumerate(drawn.groupby(["dtype", "prefix"], sort=False)):
+        points = points.sort_values("batch_size")
+        style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
+        loop = points.iloc[0]
+        start_of[dtype, prefix] = loop
+        loop_name = STRATEGY_LABELS.get(loop.strategy, loop.strategy)
+        if len(points) == 1 and loop.strategy.startswith("loop"):  # a loop alone: one ticket per pass, drawn across
+            label = f"{loop_name}, {dtype}: one ticket per pass, {loop.items_per_s:.2f}/s"
+            rate_ax.axhline(loop.items_per_s, color=color, ls="--", lw=1, label=label)
+            continue
+        error = [points["items_per_s"] - points["items_per_s_min"], points["items_per_s_max"] - points["items_per_s"]]
+        line = dict(marker="o", ms=4, color=color, ls=style)
+        name = STRATEGY_LABELS.get(points.iloc[-1].strategy, points.iloc[-1].strategy)
+        label = f"{name}, {dtype} (batch 1: {loop_name})"
+        rate_ax.errorbar(points["batch_size"], points["items_per_s"], yerr=error, capsize=3, **line, label=label)
+        pad_ax.plot(points["batch_size"], 100 * points["padding_fraction"], **line)
+        plan = {**line, "ms": 7, "mfc": "none", "ls": "none"}  # the whole plan's: hollow markers
+        pad_ax.plot(points["batch_size"], 100 * points["plan_padding"], **plan)
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
     pad_ax.set_xlabel("batch size (rows per forward pass; at 1, one ticket per pass: each curve's loop)")
     rate_ax.set_ylabel("tickets / s, all 600\n(bars: slowest to fastest repeat)")
     rate_ax.set_ylim(bottom=0)
-    pad_ax.set_ylabel("padding (%)\nfilled: timed, hollow: plan")
+    pad_ax.set_ylabel("padding (%)")
+    filled, hollow = Line2D([], [], marker="o", color="0.3", ms=4), Line2D([], [], marker="o", color="0.3", ls="none")
+    hollow.set(mfc="none", ms=7)
+    beside = dict(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # legends right of the axes
+    pad_ax.legend([filled, hollow], ["the timed sample's", "the whole plan's"], **beside)
     best = frame.sort_values("items_per_s").iloc[-1]
     name = STRATEGY_LABELS.get(best.strategy, best.strategy)
     close = reaching(frame.drop(index=best.name), "items_per_s", best)
     verdict = f", within noise of {len(close)} other point(s)" if len(close) else ", beyond the spread of the rest"
     if (frame["items_per_s_min"] == frame["items_per_s_max"]).all():
         verdict = ", no spread to judge by (one repeat)"
-    # against the batch-1 point drawn on the same curve (the loop it batches), not a loop the figure does not show
-    start = sweep_curve(frame[frame["dtype"] == best["dtype"]], best.strategy).iloc[0]
+    start = start_of[best["dtype"], best["prefix"]]  # the batch-1 point of the best point's own curve
+    title = f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
     start_name = STRATEGY_LABELS.get(start.strategy, start.strategy)
-    default = f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
-    default += f"{best.items_per_s / start.items_per_s:.2f}x its batch 1 ({start_name}){verdict}"
-    set_title(rate_ax, title or default, width=6.3)
+    title += f"{best.items_per_s / start.items_per_s:.2f}x its batch 1 ({start_name}){verdict}"
+    set_title(rate_ax, title, width=6.3)
     for ax in (rate_ax, pad_ax):
         ax.grid(alpha=0.3)
-    rate_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    rate_ax.legend(**beside)
     return fig, finish(fig, bench_caption(frame), path)
 
 
-def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", title: str | None = None):
+def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
     """Bar chart: padding fraction of processed tokens for each way of forming batches (``bench.padding_by_strategy``,
     whose ``attrs`` say which prompts and batch size)."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -170,25 +184,20 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png", titl
     setting, nan = padding.attrs, float("nan")
     known = {"prompts", "batch_size"} <= setting.keys()
     where = f", {setting['prompts']} prompts, batches of {setting['batch_size']}" if known else ""
-    shares = (
-        f"sorted {share.get('sorted', nan):.1%} of processed tokens, arbitrary order {share.get('arbitrary', nan):.1%}"
-    )
-    set_title(ax, title or f"Padding{where}: {shares}")
+    sorted_, arbitrary = share.get("sorted", nan), share.get("arbitrary", nan)
+    set_title(ax, f"Padding{where}: sorted {sorted_:.1%} of processed tokens, arbitrary order {arbitrary:.1%}")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, info, path)
 
 
-def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = None, note: str = ""):
+def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
     """Horizontal bars: each step's speedup over the one-at-a-time loop. ``note``: added to the caption (how a step
     timed otherwise than the rest was timed)."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     spread = None
     if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
-        # Clipped at 0: a step with one repeat has min = median = max, up to rounding.
-        spread = [
-            (ladder["speedup"] - ladder["speedup_min"]).clip(lower=0),
-            (ladder["speedup_max"] - ladder["speedup"]).clip(lower=0),
-        ]
+        below, above = ladder["speedup"] - ladder["speedup_min"], ladder["speedup_max"] - ladder["speedup"]
+        spread = [below.clip(lower=0), above.clip(lower=0)]  # a step with one repeat: min = max, up to rounding
     bars = ax.barh(ladder["step"], ladder["speedup"], color="C0", xerr=spread, ecolor="0.3", capsize=3)
     ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ladder["speedup"]], fontsize=8, padding=8)
     ax.axvline(1, color="0.5", lw=1, ls="--")
@@ -205,12 +214,12 @@ def plot_ladder(ladder, info, path="technique_ladder.png", title: str | None = N
     if len(close):
         others = ", ".join(f"'{step}'" for step in close["step"])
         verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of {others}"
-    set_title(ax, title or f"The technique ladder: {verdict}")
+    set_title(ax, f"The technique ladder: {verdict}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, info, path, note)
 
 
-def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png", title: str | None = None):
+def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png"):
     """What batching can gain on this machine: the profile's prefill tokens/s against rows per forward call, rows
     of ``profile.batch_row_tokens`` tokens (about a median ticket each), against one such row per call (a dashed line;
     ``median``, the workload's median prompt, named beside it). ``rows``: the batch size the title reads the gain
@@ -232,64 +241,69 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     ax.set_xlabel("rows per forward call (batch size)")
     ax.set_ylabel("prefill throughput (tokens / s)")
     beyond = " (beyond the measured rows: flat)" if rows > counts[-1] else ""
-    default = f"Prefill tokens/s by rows per call: {rows} rows run {profile.batching_gain(rows):.2f}x the tokens/s of "
-    default += f"one {width}-token row{beyond}, 90 % of the peak from {knee} row{'s' if knee > 1 else ''}"
-    set_title(ax, title or default)
+    title = f"Prefill tokens/s by rows per call: {rows} rows run {profile.batching_gain(rows):.2f}x the tokens/s of "
+    set_title(ax, title + f"one {width}-token row{beyond}, 90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
 
 
-def plot_accuracy_intervals(
-    variants, info, path="accuracy_intervals.png", title: str | None = None, baseline: str | None = None
-):
-    """Accuracy per prompt variant with its 95 % Wilson interval as error bars (notebook 01, section 6).
-
-    ``variants`` has one row per variant: ``variant`` (its name), ``accuracy``, ``accuracy_low``,
-    ``accuracy_high`` and ``n`` (tickets scored). ``baseline`` names the variant the best one is compared with;
-    its interval is shaded across the plot.
-    """
+def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", baseline=None, chance=None, rules=None):
+    """Accuracy per prompt variant (``variant``, ``accuracy``, ``accuracy_low``, ``accuracy_high``, ``n``) with its 95 %
+    Wilson interval; ``baseline``'s interval shaded across, ``chance`` dotted, ``rules`` (a no-model baseline's
+    accuracy, low, high) a grey row of its own. Notebook 01, section 4."""
     missing = [name for name in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n") if name not in variants]
     if missing:
         raise ValueError(f"the variants table lacks column(s) {', '.join(missing)}")
     rows = variants.reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 2))
+    extra = rules is not None
+    fig, ax = plt.subplots(figsize=(7, 0.5 * (len(rows) + extra) + 2))
     y = range(len(rows))
     errors = [100 * (rows["accuracy"] - rows["accuracy_low"]), 100 * (rows["accuracy_high"] - rows["accuracy"])]
     ax.errorbar(100 * rows["accuracy"], y, xerr=errors, fmt="o", capsize=4, color="C0")
-    for i, row in rows.iterrows():
-        ax.annotate(
-            f"{row['accuracy']:.0%}", (100 * row["accuracy"], i), **NOTE, xytext=(0, 7), ha="center", fontsize=8
-        )
-    ax.set_yticks(list(y), rows["variant"])
-    ax.set_ylim(len(rows) - 0.5, -0.7)  # top row first, with room for its label above it
+    points = [(row["accuracy"], i, "C0") for i, row in rows.iterrows()]
+    names = list(rows["variant"])
+    if extra:
+        accuracy, low, high = rules
+        spread = [[100 * (accuracy - low)], [100 * (high - accuracy)]]
+        ax.errorbar([100 * accuracy], [len(rows)], xerr=spread, fmt="s", capsize=4, color="0.45")
+        points.append((accuracy, len(rows), "0.45"))
+        names.append("keyword rules (no model)")
+    for accuracy, i, color in points:
+        ax.annotate(f"{accuracy:.0%}", (100 * accuracy, i), **NOTE, xytext=(0, 7), ha="center", fontsize=8, color=color)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(len(names) - 0.5, -0.7)  # top row first, with room for its label above it
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%), with its 95 % Wilson interval")
     best = rows.sort_values("accuracy", ascending=False).iloc[0]
     n = int(rows["n"].max())
-    text = (
-        f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} "
-        f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]"
-    )
+    interval = f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]"
+    text = f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} {interval}"
     if baseline is not None:
         base = rows[rows["variant"] == baseline]
         if base.empty:
             raise ValueError(f"baseline variant {baseline!r} is not in the table")
         base = base.iloc[0]
-        interval = (100 * base["accuracy_low"], 100 * base["accuracy_high"])
-        ax.axvspan(*interval, color="0.85", zorder=0, label=f"{baseline}: 95 % interval")
-        ax.legend(fontsize=8, loc="lower right")
+        band = (100 * base["accuracy_low"], 100 * base["accuracy_high"])
+        ax.axvspan(*band, color="0.9", zorder=0, label=f"{baseline}: 95 % interval")
         if best["variant"] == baseline:
             text += f"; no variant beat {baseline}"
         else:
-            overlap = best["accuracy_low"] <= base["accuracy_high"] and base["accuracy_low"] <= best["accuracy_high"]
-            text += f", {'overlapping' if overlap else 'clear of'} the {baseline} interval"
-    set_title(ax, title or text)
+            spans = [(row["accuracy_low"], row["accuracy_high"]) for row in (best, base)]
+            text += f", {'overlapping' if overlap(*spans) else 'clear of'} the {baseline} interval"
+    if chance is not None:
+        ax.axvline(100 * chance, color="C3", ls=":", lw=1.2, label=f"chance: {chance:.0%}")
+        text += f"; chance {chance:.0%}"
+    if extra:
+        text += f"; keyword rules {rules[0]:.0%} [{rules[1]:.0%}-{rules[2]:.0%}]"
+    if baseline is not None or chance is not None:
+        ax.legend(fontsize=8, loc="lower right")
+    set_title(ax, text)
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption(info), path)
 
 
-def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | None = None):
+def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
     """Histogram of prompt lengths in tokens, median and maximum marked; the title says what padding every prompt
     to the longest would cost (notebook 00). The count axis is logarithmic, so the few long prompts stay visible."""
     import numpy as np
@@ -323,38 +337,45 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png", title: str | N
     ax.set_xlim(0, longest * 1.03)
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("prompts (log scale)")
-    default = f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding all to the "
-    set_title(ax, title or default + f"longest would process {factor:.1f}x the real tokens")
+    title = f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding all to the "
+    set_title(ax, title + f"longest would process {factor:.1f}x the real tokens")
     ax.grid(alpha=0.3, axis="y")
     return fig, finish(fig, caption(info), path)
 
 
-def plot_margins(margins, errors, flipped, threshold: float, info, dtype: str, path="precision_margins.png"):
-    """Where the flipped labels sit (notebook 05, section 2): each ticket's top-two margin in ``dtype`` against how
-    far rounding moved its margins (``errors``: per ticket, the spread of its label scores' changes), flipped
-    tickets marked; the verified path's threshold as a vertical line: every ticket left of it is rescored."""
+def plot_margins(panels, info, path="precision_margins.png"):
+    """Where the flipped labels sit (notebook 05, section 2), one panel per variant side by side on one linear scale:
+    each ticket's top-two margin in the variant's dtype against how far rounding moved its margins (its label
+    scores' largest change in a difference of two), flipped tickets marked, the verified path's threshold as a
+    vertical line (every ticket left of it is rescored) and error = margin (a flip needs a point above it).
+    ``panels``: (variant, margins, errors, flipped, threshold) each."""
     import numpy as np
 
-    margins, errors, flipped = np.asarray(margins), np.asarray(errors), np.asarray(flipped, dtype=bool)
-    if not (len(margins) == len(errors) == len(flipped)) or not len(margins):
-        raise ValueError(f"one margin, error and flip per ticket, got {len(margins)}, {len(errors)}, {len(flipped)}")
-    fig, ax = plt.subplots(figsize=(9.5, 4))
-    ax.scatter(margins[~flipped], errors[~flipped], s=14, color="0.55", label="same label as float32")
-    ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
-    ax.axvline(threshold, color="C0", ls="--", lw=1, label=f"threshold {threshold:.2f}: rescored left of it")
-    # Drawn through many points: on the symlog axis a line y = x is curved, and two points would draw a chord.
-    diagonal = np.linspace(0, max(margins.max(), errors.max(), threshold) * 1.3, 500)
-    ax.plot(diagonal, diagonal, color="0.3", ls=":", lw=1, label="error = margin: a flip needs a point above it")
-    ax.set_xscale("symlog", linthresh=0.1)
-    ax.set_xlim(-0.01, max(margins.max(), threshold) * 1.3)  # a little room left of 0: a tie's marker shows whole
-    ax.set_ylim(0, max(errors.max(), 1e-3) * 1.2)
-    ax.set_xlabel(f"{dtype} top-two margin (log-prob; linear below 0.1)")
-    ax.set_ylabel("margin error: largest change in\na difference of two labels' scores")
-    rescored = int((margins < threshold).sum())
-    worst = f", the widest at margin {margins[flipped].max():.2f}" if flipped.any() else ""
-    flips = f"{int(flipped.sum())} label(s) flipped{worst}"
-    title = f"{dtype} against float32 on {len(margins)} tickets: {flips}; the threshold rescores {rescored}"
-    set_title(ax, title, width=6.5)  # the axes' width: the legend sits beside them, clear of every point
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if not panels:
+        raise ValueError("plot_margins needs at least one variant")
+    data = []
+    for variant, margins, errors, flipped, threshold in panels:
+        margins, errors, flipped = np.asarray(margins), np.asarray(errors), np.asarray(flipped, dtype=bool)
+        if not (len(margins) == len(errors) == len(flipped)) or not len(margins):
+            got = f"{len(margins)}, {len(errors)}, {len(flipped)}"
+            raise ValueError(f"{variant}: one margin, error and flip per ticket, got {got}")
+        data.append((variant, margins, errors, flipped, threshold))
+    right = max(max(m.max(), t) for _, m, _, _, t in data) * 1.1
+    top = max(max(e.max(), 1e-3) for _, _, e, _, _ in data) * 1.15
+    fig, axes = plt.subplots(1, len(data), figsize=(4.8 * len(data) + 1.5, 4), sharex=True, sharey=True, squeeze=False)
+    for ax, (variant, margins, errors, flipped, threshold) in zip(axes[0], data):
+        ax.scatter(margins[~flipped], errors[~flipped], s=14, color="0.55", label="same label as float32")
+        ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
+        ax.axvline(threshold, color="C0", ls="--", lw=1, label="threshold: rescored left of it")
+        ax.plot([0, right], [0, right], color="0.3", ls=":", lw=1, label="error = margin: a flip sits above it")
+        ax.set_xlim(-right * 0.02, right)  # a little room left of 0: a tie's marker shows whole
+        ax.set_ylim(0, top)
+        ax.set_xlabel("top-two margin (log-prob)")
+        rescored = int((margins < threshold).sum())
+        worst = f", the widest at {margins[flipped].max():.2f}" if flipped.any() else ""
+        title = f"{variant}: {int(flipped.sum())} of {len(margins)} flipped{worst}; threshold {threshold:.2f} rescores"
+        set_title(ax, f"{title} {rescored}", width=4.8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("margin error: largest change in\na difference of two labels' scores")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, finish(fig, caption(info), path)

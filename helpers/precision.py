@@ -1,18 +1,12 @@
 """Lower precision without changing a label (notebook 05): score in a half dtype, then rescore in float32 every
 ticket whose half-precision margin is too small to be sure of its label.
 
-Two ways to run a model in half precision: ``half_copy`` rounds every weight and activation to 16 bits, so the
-residual stream (the running sum every layer adds to) is rounded twice per layer; ``mixed_precision`` runs only the
-matrix multiplies in the half dtype (``torch.autocast``) and keeps that sum, the norms and the output layer in
-float32; it runs slower than the rounded copy (each multiply's operands are cast, the sums stay 32-bit), and
-notebook 05 measures both its speed and how far each moves a margin. The verified path uses the second.
-
-The rule: a label can only flip between two dtypes where the half-precision margin (the top label's log-score minus
-another label's) is smaller than the change rounding makes to that difference. ``margin_error`` measures that
-change on a calibration sample scored both ways; ``threshold_for`` multiplies it by a stated margin of safety (the
-sample's largest error is not the population's); ``score_verified`` rescores every row under the threshold. Every label
-then equals float32's wherever the sample's bound holds, and the summary says how many rows were rescored.
-"""
+``half_copy`` rounds every weight and activation to 16 bits, the residual stream included; ``mixed_precision`` runs
+only the matrix multiplies in the half dtype (``torch.autocast``) and keeps that running sum, the norms and the
+output layer in float32. The rule: a label can flip only where its half-precision margin (the top label's log-score
+minus another's) is smaller than the change rounding makes to that difference. ``margin_error`` measures that change
+on a calibration sample scored both ways, ``threshold_for`` multiplies it by a margin of safety, ``score_verified``
+rescores every row under the threshold: every label is then float32's wherever the sample's bound holds."""
 
 from __future__ import annotations
 
@@ -58,7 +52,7 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
 
 def threshold_for(error: float, safety: float = SAFETY) -> float:
     """The half-precision margin under which a row is rescored in float32: the calibration sample's largest margin
-    error times ``safety``. Notebook 05, section 4."""
+    error times ``safety``. Notebook 05, section 3."""
     if error < 0 or safety < 1:
         raise ValueError(f"need a margin error >= 0 and a safety factor >= 1, got {error} and {safety}")
     return error * safety if error else 0.0
@@ -66,7 +60,7 @@ def threshold_for(error: float, safety: float = SAFETY) -> float:
 
 def near_ties(scores: LabelScores, threshold: float) -> list[int]:
     """Rows whose top two labels are closer than ``threshold``: the ones rounding could have ordered either way.
-    Notebook 05, section 4."""
+    Notebook 05, section 3."""
     return torch.nonzero(scores.margins < threshold).flatten().tolist()
 
 
@@ -123,7 +117,7 @@ def score_verified(
     **plan,
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05,
-    section 4. ``model`` is the float32 model, run in ``dtype`` through ``mixed_precision``. The first
+    section 3. ``model`` is the float32 model, run in ``dtype`` through ``mixed_precision``. The first
     ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (they keep those scores) and in ``dtype``;
     the threshold is their largest margin error times ``safety`` (or ``threshold`` as given); the rest are scored in
     ``dtype``, each row under the threshold rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size

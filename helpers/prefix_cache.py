@@ -1,15 +1,9 @@
 """Prefix KV caching: compute the static instructions once (notebook 02).
 
-Every prompt starts with the same text (system instruction, few-shot turns, the start of the user
-turn). ``PrefixCache`` runs that prefix through the model once, keeps its keys and values in a
-transformers ``DynamicCache``, and from then on each ticket costs only its own tokens.
-
-The split must be token-clean: the whole prompt's tokens must start with exactly the prefix's tokens, or
-the model would see a different input than the plain path. Each prompt is tokenized once, whole, and cut
-after the prefix's tokens, so the cached path runs exactly the plain path's tokens. ``PrefixCache.split``
-refuses any prompt where that does not hold (``UncleanSplitError``); ``score_batched`` then runs that
-prompt in full.
-"""
+``PrefixCache`` runs the prefix every prompt starts with (system instruction, few-shot turns, the start of the user
+turn) once, keeps its keys and values in a transformers ``DynamicCache``, and from then on each ticket costs only its
+own tokens. The split must be token-clean: each prompt is tokenized once, whole, and cut after the prefix's tokens;
+a prompt whose tokens do not start with them is refused (``UncleanSplitError``); ``score_batched`` runs it whole."""
 
 from __future__ import annotations
 
@@ -23,13 +17,11 @@ from .data import build_prompt, encode_prompt
 
 
 class PromptSplitError(ValueError):
-    """A prompt that does not start with the cached prefix, or whose split is not token-clean. Notebook 02, section
-    2."""
+    """A prompt that does not start with the cached prefix. Notebook 02, section 4."""
 
 
 class UncleanSplitError(PromptSplitError):
-    """A prompt whose tokens merge across the prefix boundary: it can still run with its full prompt. Notebook 02,
-    section 2."""
+    """A prompt whose tokens merge across the prefix boundary: it runs in full. Notebook 02, section 2."""
 
 
 def common_prefix(texts: Sequence[str]) -> str:
@@ -38,24 +30,16 @@ def common_prefix(texts: Sequence[str]) -> str:
 
 
 def find_prefix_text(tokenizer, **prompt_options) -> str:
-    """The static part of the templated prompt: everything before the ticket's first character.
-
-    ``prompt_options`` are ``build_prompt``'s (labels, examples, descriptions). Two prompts with
-    different tickets are rendered; their common start is the static part. Trailing
-    whitespace is left to the suffix, because tokenizers glue a space to the next word (" The").
-    Notebook 02, section 1.
-    """
+    """The static part of the templated prompt (``build_prompt``'s options): the common start of two prompts with other
+    tickets, trailing spaces left to the suffix (tokenizers glue a space to the next word). Notebook 02, section 1."""
     rendered = [build_prompt(tokenizer, ticket, **prompt_options) for ticket in ("A", "Z")]
     return common_prefix(rendered).rstrip(" ")
 
 
 def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
-    """True when the whole prompt's tokens start with exactly the prefix's tokens and go on after them.
-
-    Then the rest of the whole prompt's tokens, run after the cached prefix, are exactly the plain path's input
-    (the rule ``PrefixCache.split`` applies).
-    Notebook 02, section 2.
-    """
+    """Whether the whole prompt's tokens start with exactly the prefix's tokens and go on after them: then the rest,
+    run after the cached prefix, is exactly the plain path's input (``PrefixCache.split``'s rule). Notebook 02, section
+    2."""
     whole = encode_prompt(tokenizer, prompt)
     head = encode_prompt(tokenizer, prefix_text)
     return prompt.startswith(prefix_text) and whole[: len(head)] == head and len(whole) > len(head)
@@ -86,32 +70,22 @@ class PrefixCache:
         return cls(model, tokenizer, find_prefix_text(tokenizer, **prompt_options))
 
     def split(self, prompt: str, index: int | None = None, ids: Sequence[int] | None = None) -> list[int]:
-        """The prompt's own tokens after the prefix; refuses a prompt the cache does not fit.
-
-        ``ids``: the whole prompt's tokens, when the caller has them already (one batched tokenizer call).
-        """
+        """The prompt's own tokens after the prefix (``ids``: its whole tokens, where the caller has them); refuses a
+        prompt the cache does not fit."""
         where = f"prompt #{index}" if index is not None else "prompt"
         if not prompt.startswith(self.text):
             raise PromptSplitError(f"{where} does not start with the cached prefix: rebuild the cache")
         whole = list(ids) if ids is not None else encode_prompt(self.tokenizer, prompt)
         if whole[: self.length] != self.ids:
-            raise UncleanSplitError(
-                f"{where} is not token-clean at the prefix boundary: its tokens do not start with the prefix's tokens"
-            )
+            raise UncleanSplitError(f"{where} is not token-clean at the prefix boundary: its tokens differ there")
         if len(whole) == self.length:
             raise PromptSplitError(f"{where} has no tokens after the prefix")
         return whole[self.length :]
 
     def cache_for_batch(self, batch_size: int) -> DynamicCache:
-        """A fresh cache holding the prefix for ``batch_size`` rows, ready for their suffixes.
-
-        No state is shared between calls: the new cache starts from the prefix's own tensors (``expand``ed
-        views for several rows), so a forward interrupted midway (Ctrl-C, out of memory) or a caller that
-        widens the cache (several multi-token labels) leaves nothing behind for the next ticket. The cost
-        is copies of the prefix keys and values (``DynamicLayer.update`` concatenates, here and when the
-        model appends a row's own tokens), small next to a forward pass on a CPU; a shared cache cropped
-        back after each ticket would copy on append too.
-        """
+        """A fresh cache holding the prefix for ``batch_size`` rows (``expand``ed views of the prefix's own tensors):
+        no state is shared between calls, so a forward interrupted midway leaves nothing behind. The cost, copies of
+        the prefix's keys and values when the model appends (notebook 02, Going deeper), is small next to a forward."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         layers = self.layers

@@ -1,20 +1,8 @@
-"""The machine profile: what this device and model do per second, measured (notebook 00; 03 reads it).
-
-Three measurements, made once and cached (in the process and on disk, keyed by machine, torch version, model,
-dtype, device and threads), so later notebooks read the one notebook 00 measured:
-
-- **matmul throughput** per dtype worth trying on the device (float32 and bfloat16 on a CPU; float16, and bfloat16
-  from compute capability 8.0, on CUDA; both on Apple's MPS), timed with ``torch.utils.benchmark``: the roof, and
-  the reason a half dtype is not worth running where it is below half of float32's speed;
-- **prefill**: tokens/s against tokens per forward call for one sequence, until it stops growing. It says whether
-  one ticket already keeps the hardware busy;
-- **batched rows**: tokens/s of 1, 2, 4, ... rows of a median ticket's length in one call: what batching changes.
-  A single long sequence is not the same work as a batch of short rows (its tokens attend to all earlier ones),
-  so the first curve underestimates what batching short rows can gain; this one measures it.
-
-These are curves a lesson reads ("can batching pay here?"), not a price list: every speed a lesson reports is
-timed on the job itself.
-"""
+"""The machine profile: what this device and model do per second, measured once and cached (notebook 00; 03 reads
+it): **matmul throughput** per dtype worth trying (the roof, and whether a half dtype is worth running); **prefill**
+tokens/s against tokens per call for one sequence (whether one ticket keeps the hardware busy); **batched rows** of
+a median ticket's length (what batching can gain: a long sequence pays attention that short rows do not). Curves a
+lesson reads, not a price list: every speed a lesson reports is timed on the job itself."""
 
 from __future__ import annotations
 
@@ -63,13 +51,7 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 
 @torch.inference_mode()
-def matmul_gflops(
-    device: torch.device | str,
-    dtype: torch.dtype,
-    shape: tuple[int, int, int],
-    min_run_time: float = 1.0,
-    slow: float | None = None,
-) -> float | None:
+def matmul_gflops(device, dtype: torch.dtype, shape: tuple[int, int, int], min_run_time=1.0, slow=None) -> float | None:
     """GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``, a roof: the fastest block of
     ``torch.utils.benchmark.Timer.blocked_autorange`` after a warm-up. None where the dtype is unsupported.
     ``slow``: a rate below which the first call answers (bfloat16 without bf16 instructions takes seconds a call)."""
@@ -98,9 +80,6 @@ def roof_shapes(model, device: torch.device) -> list[tuple[int, int, int]]:
     tokens = 2048 if device.type == "cpu" else 16384
     head = model.get_output_embeddings()
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    if not linear:  # weights held otherwise (GPT-2's Conv1D): the MLP's shape from the config
-        hidden = model.config.hidden_size
-        return [(tokens, hidden, getattr(model.config, "intermediate_size", None) or 4 * hidden)]
     return sorted({(tokens, m.in_features, m.out_features) for m in linear}, key=lambda s: -s[1] * s[2])
 
 
@@ -181,6 +160,11 @@ class MachineProfile:
         return max(rate for _, rate in self.prefill)
 
     @property
+    def peak_tokens(self) -> int:
+        """The tokens per call at which one sequence ran fastest."""
+        return max(self.prefill, key=lambda point: point[1])[0]
+
+    @property
     def saturation_tokens(self) -> int:
         """The fewest tokens per call that reach 90 % of the peak prefill throughput."""
         return min(tokens for tokens, rate in self.prefill if rate >= 0.9 * self.peak_tokens_per_s)
@@ -204,44 +188,42 @@ class MachineProfile:
     def fast_dtypes(self) -> list[str]:
         """float32 and each half dtype whose matmul runs at least half as fast here and gives finite logits."""
         base = self.matmul_gflops["float32"]
+        fast = {name for name, gflops in self.matmul_gflops.items() if gflops >= SLOW_DTYPE_RATIO * base}
         return [
-            name
-            for name, gflops in self.matmul_gflops.items()
-            if name == "float32" or (gflops >= SLOW_DTYPE_RATIO * base and self.finite.get(name, True))
+            name for name in self.matmul_gflops if name == "float32" or (name in fast and self.finite.get(name, True))
         ]
 
     def slow_dtypes(self) -> dict[str, str]:
         """dtype -> one line saying why it is not worth running here."""
-        base = self.matmul_gflops["float32"]
-        return {
-            name: f"{name}: its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 "
-            "(below half): not worth running"
-            if gflops < SLOW_DTYPE_RATIO * base
-            else f"{name}: a forward in it gives non-finite logits with this model (half-precision overflow)"
-            for name, gflops in self.matmul_gflops.items()
-            if name not in self.fast_dtypes()
-        }
+        base, why = self.matmul_gflops["float32"], {}
+        overflow = "a forward in it gives non-finite logits with this model (half-precision overflow)"
+        for name, gflops in self.matmul_gflops.items():
+            slow = (
+                f"its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 (below half): not worth"
+            )
+            if name not in self.fast_dtypes():
+                why[name] = f"{name}: " + (f"{slow} running" if gflops < SLOW_DTYPE_RATIO * base else overflow)
+        return why
 
     def caption(self) -> str:
         """One line for a figure or a table: the machine and what it measured."""
         return (
             f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops['float32']:.0f} "
-            f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s from ~{self.saturation_tokens} tokens "
-            f"per call · batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from "
-            f"{self.batch_knee} rows"
+            f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s at {self.peak_tokens} tokens per call "
+            f"(90 % of it from {self.saturation_tokens}) · batched rows of {self.batch_row_tokens} tokens: 90 % of "
+            f"their peak from {self.batch_knee} rows"
         )
 
     def summary(self) -> str:
-        return "\n".join(
-            [
-                f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}",
-                f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})",
-                "matmul: " + ", ".join(f"{d} {g:.3g} GFLOP/s" for d, g in self.matmul_gflops.items()),
-                "prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill),
-                f"batched rows of {self.batch_row_tokens} tokens: "
-                + ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched),
-            ]
-        )
+        base = self.matmul_gflops["float32"]
+        shares = {d: "" if d == "float32" else f" ({g / base:.2g}x float32)" for d, g in self.matmul_gflops.items()}
+        matmul = [f"{d} {g:.3g} GFLOP/s{shares[d]}" for d, g in self.matmul_gflops.items()]
+        lines = [f"machine: {self.machine} · {self.device} · {threads_text(self.threads)} · torch {self.torch}"]
+        lines.append(f"model: {self.model} in {self.dtype} (measured in {self.measured_s:.1f} s on {self.measured_on})")
+        lines.append("matmul: " + ", ".join(matmul))
+        lines.append("prefill: " + ", ".join(f"{n} tok {rate:.0f}/s" for n, rate in self.prefill))
+        rows = ", ".join(f"{n} rows {rate:.0f} tok/s" for n, rate in self.batched)
+        return "\n".join([*lines, f"batched rows of {self.batch_row_tokens} tokens: {rows}"])
 
     @classmethod
     def from_dict(cls, data: dict) -> MachineProfile:
@@ -287,25 +269,13 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
                 break
         if rates:
             matmul[str(dtype).removeprefix("torch.")] = max(rates)
-    finite = {
-        name: half_precision_finite(model, name)
-        for name, gflops in matmul.items()
-        if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]
-    }
-    profile = MachineProfile(
-        machine=machine_name(device),
-        torch=torch.__version__,
-        model=info.name,
-        dtype=info.dtype,
-        device=str(device),
-        threads=torch.get_num_threads(),
-        matmul_gflops=matmul,
-        prefill=prefill_curve(model),
-        batched=batched_curve(model),
-        finite=finite,
-        measured_s=time.perf_counter() - start,
-        measured_on=time.strftime("%Y-%m-%d %H:%M"),
-    )
+    fast = [
+        name for name, gflops in matmul.items() if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]
+    ]
+    finite = {name: half_precision_finite(model, name) for name in fast}
+    what = (machine_name(device), torch.__version__, info.name, info.dtype, str(device), torch.get_num_threads())
+    profile = MachineProfile(*what, matmul, prefill_curve(model), batched_curve(model), finite=finite)
+    profile.measured_s, profile.measured_on = time.perf_counter() - start, time.strftime("%Y-%m-%d %H:%M")
     _MEMORY[str(path)] = profile
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")  # renamed over the profile: two processes both land

@@ -1,21 +1,12 @@
 """Constrained output: score the valid labels instead of generating text (notebook 01).
 
-A label's score is the log-probability the model gives to the label's tokens right after the prompt:
-``log p(t1 | prompt) + log p(t2 | prompt, t1) + ...``. When every label is one token, that is just
-the last position's logits (the first-token shortcut, exact). Otherwise the multi-token labels' later tokens
-are appended after the prompt in the same forward pass, each label a branch that sees the prompt but not the
-other labels, so the prompt is processed once and there is one forward per batch.
-
-That score says "the answer starts with this label". When one label's tokens begin another's (``account`` and
-``account change``), the longer label's summed score is the shorter's plus one or more (negative) log-probs, so it
-can never win. Scored
-as *whole answers*, each label followed by the end-of-answer marker the chat template puts after an assistant turn
-(``<|im_end|>`` for Qwen and SmolLM2), the score means "the answer is this label", and either can win. ``LabelScorer``
-does that by itself when labels overlap that way (``complete=None``), always with ``complete=True``.
-
-Every optimized path in the series (prefix cache, batching) goes through ``label_log_probs`` and is
-checked against ``score_one_by_one``, the plain one-ticket-at-a-time reference.
-"""
+A label's score is the log-probability of its tokens right after the prompt, ``log p(t1 | prompt) + log p(t2 |
+prompt, t1) + ...``: with single-token labels, the last position's logits (the exact first-token shortcut);
+otherwise the later label tokens are appended in the same forward pass, each label a branch that sees the prompt but
+not the other labels. That says "the answer starts with this label": where one label's tokens begin another's
+(``account``, ``account change``) the longer can never win, so ``LabelScorer`` then scores *whole answers*, each label
+followed by the chat template's end-of-answer marker. Every optimized path goes through ``label_log_probs`` and is
+checked against ``score_one_by_one``, the one-ticket-at-a-time reference."""
 
 from __future__ import annotations
 
@@ -34,11 +25,8 @@ METHODS = ("auto", "first_token", "sequence")
 
 
 def check_labels(labels: Sequence[str]) -> list[str]:
-    """The label list, or a one-line ``ValueError``: empty list, blank or non-text label, duplicates.
-
-    Needs no tokenizer, so a command can refuse bad labels before it loads a model.
-    Notebook 01, section 2.
-    """
+    """The label list, or a one-line ``ValueError`` (fewer than two, blank or non-text, duplicates); needs no tokenizer,
+    so a command refuses bad labels before it loads a model. Notebook 01, section 2."""
     labels = list(labels)
     if len(labels) < 2:
         raise ValueError(f"the label list has {len(labels)} label(s): give at least two to choose between")
@@ -62,13 +50,9 @@ def _marker_ids(tokenizer) -> set[int]:
 
 
 def end_of_answer_text(tokenizer) -> str | None:
-    """The text the tokenizer's chat template writes right after an assistant's answer, up to the first marker token
-    (``"<|im_end|>"`` for Qwen and SmolLM2, ``"<|eot_id|>"`` for Llama 3, ``" </s>"`` for Llama 2); None when the
-    tokenizer has no chat template or the template ends no answer with a marker token (special, added or EOS).
-
-    Derived from the template itself (an assistant turn rendered around a stand-in answer), not hard-coded.
-    Notebook 01, Going deeper.
-    """
+    """What the chat template writes right after an assistant's answer, up to its first marker token (``<|im_end|>``
+    for Qwen and SmolLM2, ``<|eot_id|>`` for Llama 3), read off the template around a stand-in answer; None without
+    a template or such a marker. Notebook 01, Going deeper."""
     if not getattr(tokenizer, "chat_template", None):
         return None
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
@@ -117,27 +101,12 @@ def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -
 
 
 class LabelScorer:
-    """The label set as token sequences, and how to score them.
+    """The label set as token sequences, and how to score them. ``method="auto"``: the first-token shortcut where it
+    is exact (every label one token), else full sequences. ``normalize=True`` divides a label's log-prob by its token
+    count. ``complete``: whole answers, each label followed by the end-of-answer marker; None (default) only where a
+    label's tokens start another's, True always, False never (the longer can then never win). Notebook 01, section 2."""
 
-    ``method="auto"`` uses the first-token shortcut only when it is exact (every label one token)
-    and full-sequence scoring otherwise. ``normalize=True`` divides a label's log-prob by its token
-    count (length-normalised), which stops long labels from being penalised for their length.
-    ``complete``: score whole answers, each label followed by the chat template's end-of-answer marker
-    (``end_of_answer_ids``). None (the default) does so only when it is needed for correctness, i.e. when a
-    label's tokens start another's; True always; False never (answer prefixes: the longer of two such labels
-    can then never win; notebook 01 shows it). A label set that needs the marker from a template without one is
-    a one-line ``ValueError`` naming the two labels.
-    Notebook 01, section 2.
-    """
-
-    def __init__(
-        self,
-        tokenizer,
-        labels: Sequence[str],
-        method: str = "auto",
-        normalize: bool = False,
-        complete: bool | None = None,
-    ):
+    def __init__(self, tokenizer, labels: Sequence[str], method="auto", normalize=False, complete: bool | None = None):
         labels = check_labels(labels)
         if method not in METHODS:
             raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
@@ -171,11 +140,8 @@ class LabelScorer:
                 )
             raise ValueError("whole answers need an end-of-answer marker, and this tokenizer's chat template has none")
         if complete and method == "first_token":
-            why = (
-                f"{self.overlaps[0][1]!r} extends {self.overlaps[0][0]!r}, so labels are scored as whole answers, "
-                if self.overlaps
-                else ""
-            )
+            pair = self.overlaps[0] if self.overlaps else None
+            why = f"{pair[1]!r} extends {pair[0]!r}, so labels are scored as whole answers, " if pair else ""
             raise ValueError(f"{why}whole answers are several tokens each: use method='sequence' (or 'auto')")
         self.complete = bool(complete)
         self.end_ids = self.end_ids if self.complete else []
@@ -219,7 +185,7 @@ class LabelScorer:
     def batch_inputs(self, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
         """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
         and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
-        restarting right after its row's last token. Notebook 03, section 7."""
+        restarting right after its row's last token. Notebook 03, section 5."""
         tail = len(self.tail)
         input_ids, mask = pad_left([[*row, *self.tail] for row in rows], pad_id)
         positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
@@ -232,7 +198,7 @@ class LabelScorer:
     def visible_keys(self, mask: torch.Tensor, past_length: int = 0) -> torch.Tensor:
         """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
         tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook
-        03, section 7."""
+        03, section 5."""
         batch, width = mask.shape
         tail = len(self.tail)
         allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
@@ -277,10 +243,8 @@ class LabelScores:
 
     @property
     def margins(self) -> torch.Tensor:
-        """Per row, how far the best label's log-score is ahead of the second best (inf with one label): where it is
-        small, rounding can order the two either way. Notebooks 01 (section 4) and 05."""
-        if self.log_scores.shape[-1] < 2:
-            return torch.full((len(self),), float("inf"))
+        """Per row, how far the best label's log-score is ahead of the second best (there are always two): where it is
+        small, rounding can order the two either way. Notebook 05, section 2."""
         top = self.log_scores.topk(2, dim=-1).values
         return top[:, 0] - top[:, 1]
 
@@ -303,7 +267,7 @@ class LabelScores:
 
 
 def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token rows to one length: the last real token of every row sits at index -1. Notebook 03, section 3."""
+    """Left-pad token rows to one length: the last real token of every row sits at index -1. Notebook 03, section 2."""
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -328,27 +292,18 @@ def _check_full_attention(model, span: int) -> None:
     config = model.config
     window = getattr(config, "sliding_window", None)
     if window and "sliding_attention" in (getattr(config, "layer_types", None) or []) and span > window:
-        raise ValueError(
-            f"several multi-token labels need a 4D attention mask, and this model's sliding-window layers "
-            f"({window} tokens) would see past their window in a {span}-token row: use labels of which at most one "
-            "is several tokens, or shorter prompts"
-        )
+        why = f"this model's sliding-window layers ({window} tokens) would see past them in a {span}-token row"
+        raise ValueError(f"several multi-token labels need a 4D mask, and {why}: use at most one such label")
 
 
 @torch.inference_mode()
 def label_log_probs(
     model, scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, prefix=None
 ) -> torch.Tensor:
-    """Label log-probs (n_rows, n_labels) for token rows, in one forward pass.
-
-    ``rows`` are full prompts, or only the part after ``prefix`` (a ``PrefixCache``) when given.
-    Rows are left-padded; explicit position ids keep every real token at the position it has
-    unbatched, so padding changes no position (the agreement checks decide whether it changed logits).
-    Multi-token labels ride along in the same pass: their tokens are appended after each row (``scorer.tail``),
-    positioned right after the row's last token, and the logits of the last ``1 + len(tail)`` positions give
-    every label token's log-prob. Only those few numbers per row leave the device.
-    Notebook 01, section 3.
-    """
+    """Label log-probs (rows x labels) for token rows (whole prompts, or their tokens after ``prefix``) in one
+    forward pass: rows left-padded, explicit positions as unbatched, the multi-token labels' tokens appended after each
+    row (``scorer.tail``) so the last ``1 + len(tail)`` positions give every label token's log-prob; only those few
+    numbers per row leave the device. Notebook 01, section 3."""
     device = model.device
     tail = len(scorer.tail)
     past_length = prefix.length if prefix is not None else 0
@@ -361,14 +316,12 @@ def label_log_probs(
         attention = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
     else:
         attention = mask
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        position_ids=positions.to(device),
-        cache=prefix.cache_for_batch(batch) if prefix is not None else None,
-        use_cache=False,
-        logits_to_keep=1 + tail,  # only these positions: a (rows x length x vocab) logits tensor would be huge
+    inputs = dict(
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device)
     )
+    cache = prefix.cache_for_batch(batch) if prefix is not None else None
+    # only the last 1 + tail positions: a (rows x length x vocabulary) logits tensor would be huge
+    out = model(**inputs, cache=cache, use_cache=False, logits_to_keep=1 + tail)
     logp = torch.log_softmax(out.logits.float(), dim=-1)
     # Gather the label tokens on the device: (rows x labels) numbers travel to the host, not the vocabulary.
     scores = logp[:, 0, scorer.first_ids].cpu()
@@ -381,7 +334,7 @@ def label_log_probs(
 
 
 def score_one_by_one(
-    model, tokenizer, scorer: LabelScorer, prompts: Sequence[str], progress: bool = True, desc: str = "one at a time"
+    model, tokenizer, scorer: LabelScorer, prompts, progress=True, desc="one at a time"
 ) -> LabelScores:
     """The reference: one forward per ticket, no padding, no cache reuse. Notebook 01, section 2."""
     with Stopwatch(model.device) as clock:
@@ -396,12 +349,8 @@ def score_one_by_one(
 
 @torch.inference_mode()
 def score_the_slow_way(model, tokenizer, scorer: LabelScorer, prompts: Sequence[str]) -> LabelScores:
-    """The slow way, for checks: one full forward per label over prompt + label, no cache, no batching, no branches.
-
-    Summed label log-probs (length-normalised if the scorer is), one row per prompt. Only the label's positions go
-    through the output layer (the prompt's last and the label's own, the very last one unused): the rest of a
-    prompt-length x vocabulary logits tensor would be computed for nothing. Notebook 01, section 3.
-    """
+    """The slow way, for checks: one full forward per label over prompt + label, no cache, batching or branches;
+    summed label log-probs (normalised where the scorer is), one row per prompt. Notebook 01, section 3."""
     rows = []
     for prompt in prompts:
         prompt_ids = encode_prompt(tokenizer, prompt)

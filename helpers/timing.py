@@ -1,10 +1,6 @@
-"""Clocks that tell the truth on every device (notebooks 01-05, the profile, the benchmark), and one way to compare
-timings: warm up, alternate, repeat, and name a winner only beyond the spread (``compare``, ``Timing.verdict``).
-
-A GPU (CUDA or Apple's MPS) runs kernels asynchronously: a Python call returns as soon as the work is queued, so a
-clock read around it measures the queueing, not the work. Every timed block therefore waits for the device before
-it starts (so earlier queued work is not charged to it) and before it stops. On a CPU the waits cost nothing.
-"""
+"""Clocks that tell the truth on every device, and one way to compare timings: warm up, alternate, repeat, and name
+a winner only beyond the spread (``compare``, ``Timing.verdict``). A GPU runs kernels asynchronously, so every timed
+block waits for the device before it starts and before it stops; on a CPU the waits cost nothing."""
 
 from __future__ import annotations
 
@@ -25,6 +21,12 @@ def sync(device: torch.device | str | None) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two spreads (slowest, fastest; or low, high) overlap: then no winner can be named between them. The
+    one rule of the series for "within noise" (``Timing.overlaps``, ``bench.Row.beyond_spread``, the figures)."""
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 class Stopwatch:
@@ -70,27 +72,25 @@ class Timing:
         return f"{self.name}: {self.median:.3f} s (runs {self.low:.3f}-{self.high:.3f} s, {len(self.seconds)} runs)"
 
     def overlaps(self, other: Timing) -> bool:
-        """True when these runs cannot say which is faster: their ranges overlap, or one has a single run (no spread
-        to judge a difference by)."""
-        if len(self.seconds) < 2 or len(other.seconds) < 2:
-            return True
-        return self.low <= other.high and other.low <= self.high
+        """Whether these runs cannot say which is faster: their ranges overlap, or one has a single run."""
+        return min(len(self.seconds), len(other.seconds)) < 2 or overlap((self.low, self.high), (other.low, other.high))
 
-    def verdict(self, other: Timing, per: str = "") -> str:
-        """One sentence comparing two timings, naming a winner only when their runs do not overlap. ``per``: what
-        the ratio of the medians is of, for the wording (e.g. "items/s")."""
+    def verdict(self, other: Timing) -> str:
+        """One sentence comparing two timings, naming a winner only when their runs do not overlap: the ratio of the
+        medians, and its range (from the slower's fastest run over the faster's slowest, to its slowest over the
+        faster's fastest)."""
         fast, slow = (self, other) if self.median <= other.median else (other, self)
         ratio, pair = slow.median / fast.median, f"{self.name} and {other.name}"
         if min(len(self.seconds), len(other.seconds)) < 2:
             return f"{pair}: medians {ratio:.2f}x apart, but a single run has no spread to judge by: no winner named"
+        span = f"{slow.low / fast.high:.2f}-{slow.high / fast.low:.2f}x"
         if self.overlaps(other):
-            runs = f"{len(self.seconds)} and {len(other.seconds)}"
-            return f"{pair} are within noise of each other (medians {ratio:.2f}x apart, but their runs overlap, {runs})"
-        return f"{fast.name} is {ratio:.2f}x faster than {slow.name}{f' in {per}' if per else ''} (runs do not overlap)"
+            return f"{pair} are within noise of each other (medians {ratio:.2f}x apart, runs {span}: they overlap)"
+        return f"{fast.name} is {ratio:.2f}x faster than {slow.name} (runs {span}: no overlap)"
 
 
 def compare(
-    calls: dict[str, Callable[[], object]], device: torch.device | str | None = None, repeats: int = 3, warmup: int = 1
+    calls: dict[str, Callable[[], object]], device=None, repeats: int = 3, warmup: int = 1
 ) -> dict[str, Timing]:
     """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating
     order (first to last, then last to first), so a machine that speeds up or slows down during the run weighs on

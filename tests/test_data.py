@@ -23,11 +23,13 @@ def test_tickets_are_deterministic_for_a_seed(style):
 
 @pytest.mark.parametrize("style", ["article", "varied"])
 def test_word_counts_follow_the_reference_distribution(style):
-    tickets = make_tickets(600, style=style)
-    expected = np.clip(np.random.default_rng(0).lognormal(np.log(60), 0.9, 600), 12, 400).astype(int)
-    assert (tickets["n_words"].to_numpy() == expected).all(), "word counts must match the reference generator"
-    assert tickets["n_words"].min() >= 12 and tickets["n_words"].max() <= 400
-    assert 50 <= tickets["n_words"].median() <= 70, "median near the lognormal's 60 words"
+    """A lognormal around 60 words (log-spread 0.9), clipped to [12, 400]: its shape, not a copy of its formula
+    (notebook 00 checks the counts against the reference's draw by hand)."""
+    counts = make_tickets(600, style=style)["n_words"].to_numpy()
+    assert counts.dtype.kind == "i" and counts.min() == 12 and counts.max() == 400, "clipped to [12, 400]"
+    logs = np.log(counts)
+    assert abs(logs.mean() - np.log(60)) < 0.1 and 0.75 < logs.std() < 0.95, (logs.mean(), logs.std())
+    assert 50 <= np.median(counts) <= 70, "median near the lognormal's 60 words"
 
 
 @pytest.mark.parametrize("style", ["article", "varied"])

@@ -90,7 +90,7 @@ def test_every_path_agrees_with_the_loop_on_the_gpu(on_gpu, strategy, batch_size
 
 
 def test_the_benchmark_runs_two_strategies_on_the_gpu():
-    frame = run_benchmark(
+    frame, _ = run_benchmark(
         "embedded",
         shots=2,
         batch_sizes=[4],

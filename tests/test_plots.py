@@ -159,9 +159,10 @@ def _bench_rows():
             "plan_padding": 0.45,
         }
     )
-    return pd.DataFrame(rows).assign(
+    frame = pd.DataFrame(rows).assign(
         dtype="float32", model="m", timing_only=False, device="cpu", threads=2, n=600, shots=3, repeats=2
     )
+    return frame.assign(prefix=frame["strategy"].str.endswith("_prefix"))
 
 
 def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_only_beyond_the_spread(tmp_path):
@@ -183,6 +184,15 @@ def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_onl
     single = frame.assign(items_per_s_min=frame["items_per_s"], items_per_s_max=frame["items_per_s"])
     fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
     assert "no spread to judge by" in title_of(fig) and "beyond" not in title_of(fig), title_of(fig)
+    # The lesson's sweep: the plain loop without a sorted curve of its own is drawn across, and the legend names it
+    lesson = frame[frame["strategy"] != "sorted"]
+    fig, _ = plot_throughput_vs_batch(lesson, path=tmp_path / "w.png")
+    rate = fig.axes[0]
+    labels = rate.get_legend_handles_labels()[1]
+    assert any(label.startswith("loop (constrained), float32: one ticket per pass, 1.50/s") for label in labels), labels
+    assert any("sorted + prefix, float32 (batch 1: loop + prefix)" in label for label in labels), labels
+    across = [line for line in rate.get_lines() if line.get_linestyle() == "--"]
+    assert across and across[0].get_ydata()[0] == 1.5, "the plain loop, drawn across at its rate"
     plt.close("all")
 
 
@@ -266,20 +276,27 @@ def test_the_ladder_has_error_bars_and_names_a_winner_only_beyond_the_spread(tmp
     plt.close("all")
 
 
-def test_the_margins_figure_draws_error_equal_to_margin_as_a_curve_on_its_symlog_axis(tmp_path):
-    """A flip needs a point above y = x; on a symlog axis that line is curved, so two end points would draw a chord
-    that puts flipped tickets below it."""
+def test_the_margins_figure_puts_every_variant_side_by_side_on_one_linear_scale(tmp_path):
+    """A flip needs a point above error = margin, the line drawn through the origin; every panel shares its axes, so
+    two variants' margins read against each other."""
     import numpy as np
 
     from helpers.plots import plot_margins
 
     margins, errors = [0.0, 0.05, 0.25, 1.5], [0.02, 0.03, 0.48, 0.1]
-    fig, _ = plot_margins(margins, errors, [True, False, True, False], 0.3, INFO, "bfloat16", tmp_path / "m.png")
-    ax = fig.axes[0]
-    line = next(line for line in ax.get_lines() if line.get_label().startswith("error = margin"))
+    panels = [
+        ("bfloat16 whole", margins, errors, [True, False, True, False], 0.3),
+        ("bfloat16 mixed", [0.5, 0.8, 1.0, 2.0], [0.01, 0.02, 0.01, 0.03], [False] * 4, 0.05),
+    ]
+    fig, _ = plot_margins(panels, INFO, tmp_path / "m.png")
+    first, second = fig.axes[:2]
+    assert first.get_xscale() == second.get_xscale() == "linear"
+    assert first.get_xlim() == second.get_xlim() and first.get_ylim() == second.get_ylim(), "one scale for both"
+    line = next(line for line in first.get_lines() if line.get_label().startswith("error = margin"))
     x, y = line.get_data()
-    assert len(x) > 100 and np.allclose(x, y), "the diagonal is y = x at every point it is drawn through"
-    assert ax.get_xlim()[0] < 0, "room left of a margin of 0, so a tie's marker shows whole"
-    for margin, error in zip(margins, errors):  # every flipped ticket here lies above the line, as the legend says
-        assert (error > margin) == (error > np.interp(margin, x, y))
+    assert np.allclose(x, y), "the diagonal is y = x"
+    assert first.get_xlim()[0] < 0, "room left of a margin of 0, so a tie's marker shows whole"
+    assert "2 of 4 flipped" in title_of(fig) and "threshold 0.30 rescores 3" in title_of(fig), title_of(fig)
+    with pytest.raises(ValueError, match="one margin, error and flip per ticket"):
+        plot_margins([("x", [0.1], [0.1, 0.2], [False], 0.1)], INFO, tmp_path / "bad.png")
     plt.close("all")

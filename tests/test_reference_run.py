@@ -47,7 +47,7 @@ def test_rerunning_one_lesson_replaces_its_rows_and_keeps_the_others(tmp_path, f
     readme = (folder / "README.md").read_text()
     assert "test machine" in readme and 'SCALE="default"' in readme and "preset" not in readme.lower(), readme
     copy = reference_run.nbformat.read(folder / "solutions" / "01_solutions.ipynb", as_version=4)
-    assert copy.cells[0].source.startswith("> **Reference run, not your results.** Executed on test machine")
+    assert copy.cells[0].source.startswith("> **Reference run, not your results:** test machine")
 
 
 def test_only_refuses_a_number_no_notebook_has(monkeypatch, tmp_path, fake_papermill, capsys):

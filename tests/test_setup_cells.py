@@ -27,6 +27,7 @@ def test_every_notebook_starts_with_the_setup_cell(notebook):
     assert cells[0].source == setup_cells.setup_cell(source), (
         f"{notebook.name}: its setup cell differs from course/setup_cells.py's: run python -m course.setup_cells"
     )
+    assert cells[0].metadata == setup_cells.METADATA, f"{notebook.name}: its setup cell is not collapsed (hide-input)"
 
 
 def test_every_notebook_installs_from_the_same_address():
