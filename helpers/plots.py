@@ -96,9 +96,10 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
     ax.set_ylim(0, max(ideal.max(), frame.get("speedup_high", frame["speedup"]).max()) * 1.15)
     low, high = reached.min(), reached.max()
     span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low * 100:.0f}–{high:.0%}"
-    first, last = frame["speedup"].iloc[0], frame["speedup"].iloc[-1]
-    title = f"The cache reached {span} of the ideal speedup: {first:.2f}x at {share[0]:.0%} prefix share, "
-    set_title(ax, title + f"{last:.2f}x at {share[-1]:.0%}")
+    ends = [frame.iloc[k] for k in (0, -1)]
+    ends = [f"{r.speedup:.2f}x" + (f" ({r.speedup_low:.2f}-{r.speedup_high:.2f})" if spread else "") for r in ends]
+    title = f"The cache reached {span} of the ideal speedup: {ends[0]} at {share[0]:.0%} prefix share, "
+    set_title(ax, title + f"{ends[1]} at {share[-1]:.0%}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig, finish(fig, caption(info), path)
@@ -164,7 +165,8 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     start = start_of[best["dtype"], best["prefix"]]  # the batch-1 point of the best point's own curve
     title = f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
     start_name = STRATEGY_LABELS.get(start.strategy, start.strategy)
-    title += f"{best.items_per_s / start.items_per_s:.2f}x its batch 1 ({start_name}){verdict}"
+    span = f"{best.items_per_s_min / start.items_per_s_max:.2f}-{best.items_per_s_max / start.items_per_s_min:.2f}x"
+    title += f"{best.items_per_s / start.items_per_s:.2f}x its batch 1 ({start_name}; rounds {span}){verdict}"
     set_title(rate_ax, title, width=6.3)
     for ax in (rate_ax, pad_ax):
         ax.grid(alpha=0.3)
@@ -296,8 +298,8 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", basel
         text += f"; chance {chance:.0%}"
     if extra:
         text += f"; keyword rules {rules[0]:.0%} [{rules[1]:.0%}-{rules[2]:.0%}]"
-    if baseline is not None or chance is not None:
-        ax.legend(fontsize=8, loc="lower right")
+    if baseline is not None or chance is not None:  # below the axes: inside them it would cover a row
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     set_title(ax, text)
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, caption(info), path)
