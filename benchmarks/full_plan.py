@@ -7,6 +7,10 @@ two rates and their ratio, and each group's verdict (its first row against the o
     python benchmarks/full_plan.py                    # 03's race: about 40 minutes on a slow 2-core CPU
     python benchmarks/full_plan.py --rows loop:1:3:16:18,sorted_prefix:16:3:16:18 --repeats 3
 
+Then, from the full runs alone, what the rule would have estimated had only the sample's blocks been timed, at
+this ``every`` and at 3 and 6: those blocks' seconds, scaled by the rule, against the whole's, in the same round. A
+drifting machine cannot bias that ratio, so it tests the rule itself.
+
 A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``); rows with the same
 shots, block and every form a group, timed together. The default is notebook 03's race at its default sample
 (zero-shot, the loop against sorted batches of 32, blocks of 32, every 9th).
@@ -16,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 
-from helpers.bench import POOL, STRATEGIES, sweep
-from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
+from helpers.bench import POOL, STRATEGIES, Row, sample_blocks, sweep
+from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
 from helpers.models import load_model, machine_name
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
@@ -63,6 +67,22 @@ def main() -> None:
                 end="",
             )
             print(f" | all {POOL} {w.items_per_s:.2f} (repeats {rounds[1]}) | sample / all = {ratio:.3f}", flush=True)
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+        for k in sorted({3, 6, every}):
+            blocks, strata = sample_blocks(lengths, block, k)
+            for key in keys:
+                w = whole[key]
+                position = {tuple(chunk): i for i, chunk in enumerate(w.blocks)}
+                rule = Row.plan(*key, lengths, (blocks, strata), cache.length if w.uses_prefix else 0)
+                ratios = [
+                    w.estimate(seconds) / rule.estimate([seconds[position[tuple(b)]] for b in rule.blocks])
+                    for seconds in w.block_seconds
+                ]
+                print(
+                    f"  every {k}: {w.timing.name}, {len(rule.sample)} of {POOL} tickets' blocks in the whole run, "
+                    f"scaled by the rule / all = {', '.join(f'{r:.3f}' for r in ratios)} (each whole round)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ def processed_tokens(lengths: Sequence[int], items: Sequence[int], strategy: str
 @dataclass
 class Row:
     """One contender timed on the sample: its ``blocks`` with each one's ``weights`` (the rule), ``seconds``: each
-    repeat's estimate for the whole plan, the last run's scores (checked against the loop), the plan's padding.
-    Notebook 03, section 4; notebook 04, section 1."""
+    repeat's estimate for the whole plan (``block_seconds``: its blocks' own), the last run's scores (checked against
+    the loop), the plan's padding. Notebook 03, section 4; notebook 04, section 1."""
 
     name: str
     batch_size: int
@@ -70,6 +70,7 @@ class Row:
     blocks: list[list[int]]
     weights: list[float]
     seconds: list[float] = field(default_factory=list)
+    block_seconds: list[list[float]] = field(default_factory=list)
     scores: LabelScores | None = None
     plan_padding: float = 0.0
 
@@ -210,7 +211,8 @@ def sweep(model, tokenizer, scorer, prompts, rows, block: int, every: int, repea
         for key in keys if repeat % 2 == 0 else keys[::-1]:
             row = found[key]
             parts = [run(row, chunk) for chunk in row.blocks]
-            row.seconds.append(row.estimate([part.info["seconds"] for part in parts]))
+            row.block_seconds.append([part.info["seconds"] for part in parts])
+            row.seconds.append(row.estimate(row.block_seconds[-1]))
             row.scores = _joined(parts)
     return found, failed
 

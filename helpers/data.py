@@ -2,8 +2,7 @@
 
 Two generators share one length distribution (the reference series' lognormal word counts):
 ``style="article"`` rotates three base sentences with one filler, exactly like the reference;
-``style="varied"`` draws from many base tickets and fillers so that accuracy means something.
-"""
+``style="varied"`` draws from many base tickets and fillers so that accuracy means something."""
 
 from __future__ import annotations
 

@@ -96,6 +96,9 @@ def test_the_sweep_times_every_row_on_the_same_tickets_and_scores_them_as_the_lo
     loop, batched = found["loop", 1], found["sorted", 4]
     assert not failed and loop.sample == batched.sample and len(loop.sample) == 24, "3 blocks of 8, the same ones"
     assert len(loop.seconds) == len(batched.seconds) == 2 and all(s > 0 for s in loop.seconds + batched.seconds)
+    for row in (loop, batched):  # each round's estimate is its own blocks' seconds, scaled by the rule
+        assert [len(seconds) for seconds in row.block_seconds] == [3, 3]
+        assert row.seconds == [row.estimate(seconds) for seconds in row.block_seconds]
     alone = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in loop.sample], progress=False)
     assert torch.allclose(loop.scores.log_scores, alone.log_scores, atol=1e-5), "the loop row is the loop, in order"
     assert torch.allclose(batched.scores.log_scores, alone.log_scores, atol=1e-4)
