@@ -83,7 +83,8 @@ def run_bench(args) -> int:
 
 def add_classify_parser(commands) -> None:
     from .batching import STRATEGIES
-    from .classify import BATCH_SIZE
+    from .classify import BATCH_SIZE, JOB_PRIOR_MIN_ROWS, PRIOR
+    from .prior import PRIORS
 
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     _add_common(classify, run_classify, "hub id, local path or 'embedded' (default: as load_model)", "no progress bar")
@@ -109,6 +110,10 @@ def add_classify_parser(commands) -> None:
     add("--examples", dest="examples_path", metavar="EXAMPLES", default=None, help=examples)
     verify = "re-run K random rows one at a time and fail on any disagreement"
     add("--verify", type=int, default=0, metavar="K", help=verify)
+    prior = "the label prior divided out of every row's probabilities: the job's own mean (needs the whole job), "
+    prior += f"content-free inputs scored through the prompt, or none (default: {PRIOR} from {JOB_PRIOR_MIN_ROWS} "
+    prior += "rows, content-free below; docs/classify.md)"
+    add("--prior", default=None, choices=PRIORS, help=prior)
     add("--truncate", action="store_true", help="cut texts longer than the context (keeps the head)")
     add("--overwrite", action="store_true", help="replace an existing output file")
 

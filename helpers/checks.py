@@ -51,6 +51,7 @@ def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 
     section 4."""
     if len(reference) != len(candidate):
         raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
+    reference, candidate = reference.raw, candidate.raw  # a prior is a shift: the checks read the raw scores
     same = reference.predicted_index == candidate.predicted_index
     tie = (reference.margins < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
@@ -66,6 +67,7 @@ def assert_agrees(
     if isinstance(atol, Tolerance):
         atol, near_ties = atol.atol, atol.near_ties
     name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
+    reference, candidate = reference.raw, candidate.raw
     stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
     differs = reference.predicted_index != candidate.predicted_index
     if near_ties:

@@ -20,8 +20,18 @@ from . import resume, tables
 from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .checks import assert_agrees, tolerance_for
 from .data import build_prompt, encode_prompt, uses_chat_template
-from .precision import choose_half, near_ties, score_verified
+from .precision import (
+    CALIBRATION,
+    calibrate,
+    choose_half,
+    near_ties,
+    rescore,
+    score_verified,
+    settle_job_prior,
+    threshold_for,
+)
 from .prefix_cache import PrefixCache
+from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior
 from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores, score_one_by_one
 from .tables import InputError, one_line, rows_text
@@ -32,6 +42,11 @@ BATCH_SIZE = 16
 # A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
 COLLAPSE_SHARE = 0.9
 COLLAPSE_MIN_ROWS = 10
+# The label prior divided out of every row by default (helpers.prior): the job's own mean, benchmarks/priors.py's
+# table in docs/classify.md; a job of fewer rows than this, whose mean would be mostly its own rows, gets the
+# content-free prior instead.
+PRIOR = "job"
+JOB_PRIOR_MIN_ROWS = 30
 
 
 class ProcessFailure(RuntimeError):
@@ -86,7 +101,7 @@ def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: i
     return {**stats, "rows": numbers, "atol": tolerance.atol, "exact": not tolerance.near_ties}
 
 
-def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples: int = 0) -> str | None:
+def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples: int = 0, prior="none") -> str | None:
     """One line when predictions collapse onto one label (a zero-shot small model often does), else None."""
     counts = Counter(predictions)
     if len(predictions) < COLLAPSE_MIN_ROWS or counts.most_common(1)[0][1] < COLLAPSE_SHARE * len(predictions):
@@ -97,7 +112,10 @@ def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples
     if examples:
         advice = f"its {examples} example(s) were not enough: give at least one per label, clearer ones, or try a "
         advice += "larger model (--model)"
-    apart = f"the model may not be telling the labels apart; {advice}"
+    if prior == "none":
+        advice += "; or divide out its label prior with --prior job"
+    divided = " even with its label prior divided out" if prior != "none" else ""
+    apart = f"the model may not be telling the labels apart{divided}; {advice}"
     return f"warning: {top} of {rows} rows ({top / rows:.0%}) got {label!r} ({distribution}): {apart}"
 
 
@@ -121,6 +139,7 @@ class ClassifyResult:
     resumed: int = 0  # rows read back from the progress files of a stopped run
     computed: int | None = None  # rows scored by this run (None: all of them)
     rescored: list[int] = field(default_factory=list)  # --dtype auto: rows rescored in float32 (1-based)
+    prior: Prior | None = None  # the label prior divided out (helpers.prior)
 
     def summary(self) -> str:
         full, scored = self.full_prompt_rows, self.rows if self.computed is None else self.computed
@@ -169,6 +188,7 @@ def classify_file(
     whole_answers: bool | None = None,
     examples_path: str | Path | None = None,
     verify: int = 0,
+    prior: str | None = None,
     truncate: bool = False,
     overwrite: bool = False,
     progress: bool = True,
@@ -200,16 +220,19 @@ def classify_file(
         checked = tables.parse_labels(labels)
         if strategy not in STRATEGIES:
             raise InputError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if prior not in (None, *PRIORS):
+            raise InputError(f"unknown prior {prior!r}: use one of {', '.join(PRIORS)}")
         floors = {"--batch-size": (batch_size, 1), "--token-budget": (token_budget, 1), "--verify": (verify, 0)}
         for option, (value, least) in floors.items():
             if value is not None and value < least:
                 raise InputError(f"{option} must be >= {least}, got {value}")
         output = tables.check_output_path(output_path, overwrite, source=input_path)
         table = tables.read_table(input_path, text_column)
-        tables.check_columns(table, checked)
+        tables.check_columns(table, checked, raw=prior != "none")
         return checked, output, table, tables.read_examples(examples_path, checked) if examples_path else []
 
     checked_labels, output, table, examples = _step(state, check)
+    prior = prior or (PRIOR if len(table) >= JOB_PRIOR_MIN_ROWS else "content-free")  # the default, by job size
     plan = ("token_budget" if token_budget else strategy, batch_size, token_budget)
 
     def label_scorer():  # before the model loads: labels only whole answers tell apart may stop here, in one line
@@ -221,8 +244,10 @@ def classify_file(
 
     first_tokenizer, scorer = _step(state, label_scorer)
     prompt_format = "chat" if uses_chat_template(first_tokenizer) else "plain"
-    scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": truncate}
     auto = dtype == "auto"  # the verified half-precision path where it pays (helpers.precision), else float32
+    scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": truncate}
+    if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
+        scoring["prior"] = prior
     model_dtype = (resolve_name(model_name)[0], "auto" if auto else str(pick_dtype(dtype, run_device)))
     job = resume.fingerprint(table.path, text_column, checked_labels, *model_dtype, examples, prompt_format, scoring)
     # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
@@ -260,9 +285,12 @@ def classify_file(
         prefix = None
         if prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
             prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
+        # Computed once, in float32 under --dtype auto, the same on every process and resumed run; the job's needs
+        # every row: after the gather.
+        fixed = content_free_prior(model, tokenizer, scorer, examples) if prior == "content-free" else None
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
-        shard, rescored = [], []
+        shard, rescored, threshold = [], [], None
         if mine:  # each finished batch lands in this process's progress file before the next runs
             writer = resume.ProgressWriter(output, state.process_index, job)
             bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
@@ -283,20 +311,24 @@ def classify_file(
                 else:  # the first rows calibrate the bound and land in float32 (helpers.precision)
                     strategy, size, budget = plan
                     options = dict(strategy=strategy, batch_size=size, token_budget=budget, on_batch=landed)
-                    verified = score_verified(model, tokenizer, scorer, share, half, prefix=prefix, **options)
-                    rescored = verified.info["rescored"]
+                    verified = score_verified(
+                        model, tokenizer, scorer, share, half, prefix=prefix, prior=fixed, **options
+                    )
+                    rescored, threshold = verified.info["rescored"], verified.info["threshold"]
             finally:
                 writer.close()
                 bar.close()
             shard = [(i, final[j], j in ran_full) for j, i in enumerate(mine)]
             rescored = [mine[j] for j in rescored]
-        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored
+        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, threshold)
 
-    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored = _step(state, score_share)
+    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, extra = _step(state, score_share)
+    fixed, prefix, threshold = extra
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     gathered = gather_object(shard) if state.num_processes > 1 else shard
     rescored = gather_object(rescored) if state.num_processes > 1 else rescored
+    thresholds = gather_object([threshold]) if state.num_processes > 1 else [threshold]
     processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
     outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
     outcome.rescored = sorted(i + 1 for i in rescored)
@@ -316,6 +348,16 @@ def classify_file(
         agree = f"all agree{'' if stats['exact'] else ties}"
         tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
     scores = LabelScores(checked_labels, log_scores)
+    if prior == "job" and half:  # its labels float32's under the prior they end with (helpers.precision)
+        scores, fixed, added = _settle(
+            model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored
+        )
+        outcome.rescored = sorted({*outcome.rescored, *(i + 1 for i in added)})
+    elif prior == "job":
+        fixed = job_prior(scores)
+    if fixed is not None:
+        scores, outcome.prior = calibrated(scores, fixed), fixed
+        tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
     outcome.predictions = scores.predictions
     if half:
         rescored = f"{len(outcome.rescored)} of {len(gathered) - len(done)} rows rescored in float32"
@@ -329,8 +371,24 @@ def classify_file(
     resume.remove_progress(output)  # the output holds every row now
     outcome.output, outcome.seconds = output, time.perf_counter() - start
     tell(outcome.summary())
-    warning = collapse_warning(outcome.predictions, checked_labels, examples=len(examples))
+    warning = collapse_warning(outcome.predictions, checked_labels, examples=len(examples), prior=prior)
     if warning:
         outcome.warnings.append(warning)
         tell(warning)
     return outcome
+
+
+def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored):
+    """The job prior on a verified run (``settle_job_prior``): the processes' largest threshold, or one calibrated
+    now where no process scored a row (every row resumed); rows rescored in float32 by this process."""
+    strategy, size, budget = plan
+    options = dict(strategy=strategy, batch_size=size, token_budget=budget, progress=False)
+    known = [t for t in thresholds if t is not None]
+    if not known:
+        chosen = prompts[: min(CALIBRATION, len(prompts))]
+        known = [threshold_for(calibrate(model, tokenizer, scorer, chosen, half, prefix, **options)[1])]
+
+    def rows_in_float32(rows):
+        return rescore(model, tokenizer, scorer, [prompts[i] for i in rows], prefix, **options).log_scores
+
+    return settle_job_prior(scores, rescored, max(known), rows_in_float32)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from .batching import score_batched
+from .prior import Prior, calibrated, job_prior
 from .scoring import LabelScores
 
 # Prompts scored in both dtypes to measure how far rounding moves a margin (they keep their float32 scores). Each
@@ -103,6 +104,28 @@ def batch_for_few(rows: int, batch_size: int) -> int:
     return min(batch_size, max(FEW_PER_BATCH, rows // 4))
 
 
+def _few(plan: dict, rows: int) -> dict:
+    """The plan for a calibration sample or a set of near ties (``batch_for_few``); "loop" and a token budget kept."""
+    if plan.get("strategy") in ("loop", "token_budget"):
+        return plan
+    return {**plan, "strategy": "sorted", "batch_size": batch_for_few(rows, plan.get("batch_size") or FEW_PER_BATCH)}
+
+
+def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScores:
+    """``prompts`` scored in float32 (also inside a mixed-precision block), in ``batch_for_few`` batches."""
+    with torch.autocast(model.device.type, enabled=False):
+        return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
+
+
+def calibrate(model, tokenizer, scorer, prompts, dtype: str, prefix=None, on_batch=None, **plan):
+    """``prompts`` scored in float32 (``on_batch`` gets those batches) and in ``dtype``: (the float32 scores, the
+    largest margin error between the two, seconds). Notebook 05, section 2."""
+    first = rescore(model, tokenizer, scorer, prompts, prefix, on_batch=on_batch, **plan)
+    with mixed_precision(model, dtype):
+        in_half = score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
+    return first, margin_error(in_half, first), first.info["seconds"] + in_half.info["seconds"]
+
+
 def score_verified(
     model,
     tokenizer,
@@ -114,49 +137,39 @@ def score_verified(
     threshold: float | None = None,
     prefix=None,
     on_batch=None,
+    prior: Prior | None = None,
     **plan,
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05,
     section 3. ``model`` is the float32 model, run in ``dtype`` through ``mixed_precision``. The first
     ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (they keep those scores) and in ``dtype``;
     the threshold is their largest margin error times ``safety`` (or ``threshold`` as given); the rest are scored in
-    ``dtype``, each row under the threshold rescored in float32. ``plan``: ``score_batched``'s strategy, batch_size
-    or token_budget for the half-precision pass; the calibration and the rescoring run in sorted batches of
-    ``batch_for_few`` rows (one at a time under "loop"; a token budget, which bounds memory, keeps its batches);
-    ``prefix``: the model's float32 ``PrefixCache`` (both passes read it); ``on_batch`` as ``score_batched``'s, with
-    each batch's final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` (input positions),
-    ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration, half, rescore: where the time
-    went)."""
+    ``dtype``, each row under the threshold rescored in float32: its margin read after ``prior`` (a fixed
+    ``helpers.prior.Prior``) where one is given, since a shift per label changes which rows are close. ``plan``:
+    ``score_batched``'s strategy, batch_size or token_budget for the half-precision pass; the calibration and the
+    rescoring run in sorted batches of ``batch_for_few`` rows (one at a time under "loop"; a token budget, which
+    bounds memory, keeps its batches); ``prefix``: the model's float32 ``PrefixCache`` (both passes read it);
+    ``on_batch`` as ``score_batched``'s, with each batch's final scores. ``info``: ``margin_error``, ``threshold``,
+    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration,
+    half, rescore: where the time went)."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
     if threshold is None and k < 1:
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
     log_scores = torch.empty(len(prompts), len(scorer.labels))
-
-    def few(chosen):  # the plan for the calibration sample or the near ties
-        if plan.get("strategy") in ("loop", "token_budget"):
-            return plan
-        size = batch_for_few(len(chosen), plan.get("batch_size") or FEW_PER_BATCH)
-        return {**plan, "strategy": "sorted", "batch_size": size}
-
-    def full(chosen, **options):  # float32, also inside a mixed-precision block
-        with torch.autocast(model.device.type, enabled=False):
-            return score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **options, **few(chosen))
-
+    shift = None if prior is None else prior.for_labels(scorer.labels)
     error, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
-        first = full(prompts[:k], on_batch=on_batch)
-        with mixed_precision(model, dtype):
-            in_half = score_batched(model, tokenizer, scorer, prompts[:k], prefix=prefix, **few(prompts[:k]))
+        first, error, phases["calibration"] = calibrate(
+            model, tokenizer, scorer, prompts[:k], dtype, prefix, on_batch=on_batch, **plan
+        )
         log_scores[:k] = first.log_scores
-        error = margin_error(in_half, first)
         threshold = threshold_for(error, safety) if threshold is None else threshold
-        phases["calibration"] = first.info["seconds"] + in_half.info["seconds"]
     rescored = []  # near ties, input positions: rescored together at the end, in batches sorted by length
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
-        near = set(near_ties(LabelScores(scorer.labels, scores), threshold))
+        near = set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold))
         sure = [j for j in range(len(items)) if j not in near]
         rescored.extend(k + items[j] for j in sorted(near))
         if sure:
@@ -174,12 +187,32 @@ def score_verified(
             half = score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
         phases["half"] = half.info["seconds"]
     if rescored:
-        phases["rescore"] = full([prompts[i] for i in rescored], on_batch=landed).info["seconds"]
+        chosen = [prompts[i] for i in rescored]
+        phases["rescore"] = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=landed, **plan).info["seconds"]
     seconds = time.perf_counter() - start
     info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
     info["phase_seconds"] = phases
     info["items_per_s"] = len(prompts) / seconds
-    return LabelScores(list(scorer.labels), log_scores, info)
+    return LabelScores(list(scorer.labels), log_scores, info, prior=shift)
+
+
+def settle_job_prior(
+    scores: LabelScores, exact, threshold: float, rescore_rows
+) -> tuple[LabelScores, Prior, list[int]]:
+    """The job's prior on a verified run: the prior from these scores, every row not already float32's (``exact``)
+    whose calibrated margin is under ``threshold`` rescored in float32 (``rescore_rows(rows)``: their float32 log-
+    scores), the prior recomputed, until no such row is left. Every label is then float32's under the returned
+    prior, which is the job prior of the returned scores. Returns those scores (with it), it and the rows rescored."""
+    log_scores, exact, added = scores.log_scores.clone(), set(exact), []
+    while True:
+        prior = job_prior(LabelScores(scores.labels, log_scores))
+        result = calibrated(LabelScores(scores.labels, log_scores, scores.info), prior)
+        close = [i for i in near_ties(result, threshold) if i not in exact]
+        if not close:
+            return result, prior, added
+        log_scores[close] = rescore_rows(close)
+        exact.update(close)
+        added += close
 
 
 def choose_half(profile) -> tuple[str | None, str]:

@@ -218,20 +218,32 @@ class LabelScorer:
 
 @dataclass
 class LabelScores:
-    """Per-ticket label scores, in input order, with what produced them. Notebook 01, section 2."""
+    """Per-ticket label scores, in input order, with what produced them. Notebook 01, section 2. With a ``prior``
+    (``helpers.prior``), predictions, probabilities, confidence and margins read the calibrated scores."""
 
     labels: list[str]
     log_scores: torch.Tensor  # (n, n_labels): summed (or length-normalised) label log-probs, float32
     info: dict = field(default_factory=dict)
+    prior: torch.Tensor | None = None  # (n_labels,) log-probs divided out of every row: helpers.prior.calibrated
+
+    @property
+    def calibrated(self) -> torch.Tensor:
+        """The log-scores less the prior: a shift per label (the raw ``log_scores`` where there is no prior)."""
+        return self.log_scores if self.prior is None else self.log_scores - self.prior
+
+    @property
+    def raw(self) -> LabelScores:
+        """These scores without the prior: what every agreement check compares."""
+        return LabelScores(self.labels, self.log_scores, self.info)
 
     @property
     def probabilities(self) -> torch.Tensor:
         """Softmax over the labels: the confidence is the predicted label's share."""
-        return torch.softmax(self.log_scores, dim=-1)
+        return torch.softmax(self.calibrated, dim=-1)
 
     @property
     def predicted_index(self) -> np.ndarray:
-        return self.log_scores.argmax(dim=-1).numpy()
+        return self.calibrated.argmax(dim=-1).numpy()
 
     @property
     def predictions(self) -> list[str]:
@@ -245,13 +257,16 @@ class LabelScores:
     def margins(self) -> torch.Tensor:
         """Per row, how far the best label's log-score is ahead of the second best (there are always two): where it is
         small, rounding can order the two either way. Notebook 05, section 2."""
-        top = self.log_scores.topk(2, dim=-1).values
+        top = self.calibrated.topk(2, dim=-1).values
         return top[:, 0] - top[:, 1]
 
     def to_frame(self) -> pd.DataFrame:
+        """Prediction, confidence and ``p_<label>`` columns; with a prior, the raw probabilities too (``raw_p_``)."""
         frame = pd.DataFrame({"predicted_label": self.predictions, "confidence": self.confidence})
         for j, label in enumerate(self.labels):
             frame[f"p_{label}"] = self.probabilities[:, j].numpy()
+        for j, label in enumerate(self.labels if self.prior is not None else []):
+            frame[f"raw_p_{label}"] = torch.softmax(self.log_scores, dim=-1)[:, j].numpy()
         return frame
 
     def __len__(self) -> int:
@@ -263,7 +278,7 @@ class LabelScores:
         if isinstance(rows, (int, np.integer)):
             raise TypeError(f"index LabelScores with a slice or a list of rows (scores[[{rows}]]), not one number")
         index = rows if isinstance(rows, slice) else torch.as_tensor(np.asarray(rows), dtype=torch.long)
-        return LabelScores(self.labels, self.log_scores[index])
+        return LabelScores(self.labels, self.log_scores[index], prior=self.prior)
 
 
 def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

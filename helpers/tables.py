@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
+import torch
 
 from .scoring import LabelScores, check_labels
 
@@ -127,13 +128,14 @@ def parse_labels(labels: str | Sequence[str]) -> list[str]:
         raise InputError(str(error)) from None
 
 
-def prediction_columns(labels: Sequence[str]) -> list[str]:
-    return ["predicted_label", "confidence", *(f"p_{label}" for label in labels)]
+def prediction_columns(labels: Sequence[str], raw: bool = False) -> list[str]:
+    """The columns the output adds; ``raw``: a prior was divided out, the raw probabilities follow (``raw_p_``)."""
+    return ["predicted_label", "confidence", *(f"{p}_{label}" for p in ("p", "raw_p")[: 1 + raw] for label in labels)]
 
 
-def check_columns(table: Table, labels: Sequence[str]) -> None:
+def check_columns(table: Table, labels: Sequence[str], raw: bool = False) -> None:
     """The output adds the prediction columns: none may already be in the input."""
-    clash = [c for c in prediction_columns(labels) if c in table.columns]
+    clash = [c for c in prediction_columns(labels, raw) if c in table.columns]
     if clash:
         clashing = ", ".join(map(repr, clash))
         raise InputError(f"{table.path}: already has column(s) {clashing}, which the output adds: rename them first")
@@ -188,12 +190,15 @@ def _csv_cell(value: Any) -> Any:
 
 def write_results(table: Table, scores: LabelScores, path: Path) -> None:
     """Write the input rows, in input order, each followed by its prediction columns, as CSV or JSONL, atomically."""
-    records = []
-    for record, label, p in zip(table.records, scores.predictions, scores.probabilities.numpy(), strict=True):
+    raw = torch.softmax(scores.log_scores, dim=-1).numpy() if scores.prior is not None else None  # before the prior
+    records, rows = [], zip(table.records, scores.predictions, scores.probabilities.numpy(), strict=True)
+    for i, (record, label, p) in enumerate(rows):
         shares = {f"p_{name}": round(float(value), 8) for name, value in zip(scores.labels, p)}
+        if raw is not None:
+            shares.update({f"raw_p_{name}": round(float(value), 8) for name, value in zip(scores.labels, raw[i])})
         records.append({**record, "predicted_label": label, "confidence": round(float(p.max()), 8), **shares})
     if path.suffix.lower() == ".csv":
-        columns = [*table.columns, *prediction_columns(scores.labels)]
+        columns = [*table.columns, *prediction_columns(scores.labels, raw is not None)]
         cells = [[_csv_cell(record.get(column)) for column in columns] for record in records]
         frame = pd.DataFrame(cells, columns=columns, dtype=object)
         atomic_write(path, lambda handle: frame.to_csv(handle, index=False))

@@ -30,6 +30,8 @@ def job(tmp_path, rows=40):
         "twin:tiny-qwen2",
         "--batch-size",
         "4",
+        "--prior",
+        "job",  # computed after the last row: a resumed run reads the same scores, so the same prior
         "--quiet",
     ]
 

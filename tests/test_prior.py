@@ -1,0 +1,116 @@
+"""The label prior (helpers.prior): a shift per label that moves predictions, never the scores or any agreement check;
+its two estimates; and the verified path's job prior, whose labels are float32's under the prior it ends with."""
+
+import pytest
+import torch
+
+from helpers.batching import score_batched
+from helpers.checks import agreement, assert_agrees
+from helpers.data import LABELS, build_prompt
+from helpers.precision import near_ties, settle_job_prior
+from helpers.prior import CONTENT_FREE, Prior, calibrated, content_free_prior, job_prior, mean_prior
+from helpers.scoring import LabelScorer, LabelScores, score_one_by_one
+from tests.conftest import prompts_for
+
+
+def test_a_prior_shifts_each_label_and_moves_the_top_one():
+    raw = LabelScores(LABELS, torch.tensor([[-0.1, -2.5, -3.0], [-0.5, -1.0, -4.0], [-0.2, -3.0, -1.9]]))
+    assert raw.predictions == ["billing"] * 3, "collapsed: one label for every row"
+    prior = job_prior(raw)
+    assert torch.allclose(prior.log_probs.exp(), torch.softmax(raw.log_scores, -1).mean(0))
+    assert torch.allclose(prior.log_probs.exp().sum(), torch.tensor(1.0))
+    fixed = calibrated(raw, prior)
+    assert fixed.predictions == ["billing", "technical", "account"]
+    assert torch.equal(fixed.log_scores, raw.log_scores), "the raw scores stay as they were"
+    assert torch.allclose(fixed.probabilities.sum(-1), torch.ones(3))
+    assert fixed.to_frame().columns.tolist() == [
+        "predicted_label",
+        "confidence",
+        *(f"p_{label}" for label in LABELS),
+        *(f"raw_p_{label}" for label in LABELS),
+    ]
+    assert fixed[[2, 0]].predictions == ["account", "billing"], "rows keep their prior"
+    # a prior over the labels in another order is read by name
+    reordered = Prior(LABELS[::-1], prior.log_probs.flip(0), "reordered")
+    assert calibrated(raw, reordered).predictions == fixed.predictions
+
+
+def test_bad_priors_get_one_line_errors():
+    with pytest.raises(ValueError, match="at least one row"):
+        mean_prior(LabelScores(LABELS, torch.empty(0, 3)), "an empty job")
+    with pytest.raises(ValueError, match=r"does not cover label\(s\) \['refund'\]"):
+        Prior(LABELS, torch.log(torch.full((3,), 1 / 3)), "three labels").for_labels([*LABELS, "refund"])
+    with pytest.raises(ValueError, match="not finite"):
+        Prior(LABELS, torch.tensor([0.0, float("-inf"), -1.0]), "a label never given")
+    with pytest.raises(ValueError, match="needs as many log-probs"):
+        Prior(LABELS, torch.zeros(2), "two numbers")
+
+
+def test_calibration_changes_no_agreement_check(any_model, tickets):
+    """Every speed path's check against the loop reads the raw scores: the same numbers with a prior on both sides."""
+    model, tokenizer, _ = any_model
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"][:8])
+    loop = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    batched = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, progress=False)
+    prior = job_prior(loop)
+    assert agreement(loop, batched) == agreement(calibrated(loop, prior), calibrated(batched, prior))
+    assert assert_agrees(loop, batched) == assert_agrees(calibrated(loop, prior), calibrated(batched, prior))
+    # Two rows within the tolerance, same raw label, that a prior would order differently: still agreement.
+    reference = LabelScores(LABELS[:2], torch.tensor([[0.0, -1e-4]]))
+    candidate = LabelScores(LABELS[:2], torch.tensor([[0.0, -3e-4]]))
+    shift = Prior(LABELS[:2], torch.log(torch.tensor([0.50005, 0.49995])), "a hair towards billing")
+    assert calibrated(reference, shift).predictions != calibrated(candidate, shift).predictions
+    assert assert_agrees(calibrated(reference, shift), calibrated(candidate, shift))["agreement"] == 1.0
+
+
+def test_the_content_free_prior_is_the_mean_of_inputs_that_say_nothing(tiny_qwen):
+    model, tokenizer, _ = tiny_qwen
+    scorer = LabelScorer(tokenizer, LABELS)
+    examples = [("I was charged twice", "billing")]
+    prior = content_free_prior(model, tokenizer, scorer, examples)
+    prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in CONTENT_FREE]
+    alone = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
+    assert torch.allclose(prior.log_probs, mean_prior(alone, "by hand").log_probs, atol=1e-5)
+    assert prior.labels == list(LABELS) and "content-free, 3 inputs" in str(prior)
+
+
+def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_it_ends_with():
+    """Half-precision scores off by up to 0.05 per label from float32's: every row the settled prior leaves close is
+    rescored, so every label is float32's under that prior, also where the first prior said otherwise."""
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.randn(200, 3, generator=generator) * 0.3 + torch.tensor([2.0, 0.0, 0.0])  # collapsed on billing
+    half = exact + (torch.rand(200, 3, generator=generator) - 0.5) * 0.1
+    error = float(((half - exact).amax(-1) - (half - exact).amin(-1)).max())
+    calls = []
+
+    def in_float32(rows):
+        calls.append(list(rows))
+        return exact[rows]
+
+    scores, prior, added = settle_job_prior(LabelScores(LABELS, half.clone()), {0, 1}, error, in_float32)
+    assert added and not {0, 1} & set(added), "rows already float32's are not rescored again"
+    truth = calibrated(LabelScores(LABELS, exact), prior)
+    assert scores.predictions == truth.predictions, "every label float32's under the settled prior"
+    assert torch.allclose(prior.log_probs, job_prior(scores).log_probs), "the prior is the returned scores' own"
+    assert not [i for i in near_ties(scores, error) if i not in {0, 1, *added}]
+    assert len(set(scores.predictions)) == 3, "the prior lifted the collapse"
+
+
+def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tiny_qwen, tickets):
+    """Every row read back from progress files: no process calibrated, so the bound is measured on the first rows,
+    and the half-precision scores settle to float32's labels under the final prior."""
+    from helpers.classify import _settle
+    from helpers.precision import mixed_precision
+
+    model, tokenizer, _ = tiny_qwen
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, tickets["text"])
+    with mixed_precision(model, "bfloat16"):
+        half = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
+    full = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
+    scores, prior, added = _settle(
+        model, tokenizer, scorer, prompts, half, "bfloat16", None, ("sorted", 4, None), [None], []
+    )
+    assert scores.predictions == calibrated(full, prior).predictions
+    assert torch.allclose(scores.log_scores[added], full.log_scores[added], atol=1e-4), "float32 scores, rescored"
