@@ -3,7 +3,7 @@
 Wilson interval, the largest share one label gets (a balanced set: a third each), and McNemar's exact test of each
 prior against raw on the same tickets. docs/classify.md's table is this script's output.
 
-Run: .venv/bin/python benchmarks/priors.py [N]   (N tickets per style, default 210; ~10 min on 2 cores)
+Run: .venv/bin/python benchmarks/priors.py [N]   (N tickets per style, default 210; ~20 min on 2 cores)
 """
 
 import os

@@ -350,7 +350,7 @@ def classify_file(
     scores = LabelScores(checked_labels, log_scores)
     if prior == "job" and half:  # its labels float32's under the prior they end with (helpers.precision)
         scores, fixed, added = _settle(
-            model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored
+            model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, bool(done)
         )
         outcome.rescored = sorted({*outcome.rescored, *(i + 1 for i in added)})
     elif prior == "job":
@@ -360,7 +360,7 @@ def classify_file(
         tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
     outcome.predictions = scores.predictions
     if half:
-        rescored = f"{len(outcome.rescored)} of {len(gathered) - len(done)} rows rescored in float32"
+        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32"
         tell(f"--dtype auto: {rescored} (top two labels closer than the calibration's bound): every label is float32's")
     elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(info.dtype).atol
@@ -378,17 +378,20 @@ def classify_file(
     return outcome
 
 
-def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored):
-    """The job prior on a verified run (``settle_job_prior``): the processes' largest threshold, or one calibrated
-    now where no process scored a row (every row resumed); rows rescored in float32 by this process."""
+def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, resumed: bool):
+    """The job prior on a verified run (``settle_job_prior``) on rank 0: the largest threshold of this run's processes,
+    and one measured now on the job's first rows where rows were resumed (an earlier run scored them in half
+    precision, against a bound of its own) or no process scored a row; those rows keep their float32 scores."""
     strategy, size, budget = plan
     options = dict(strategy=strategy, batch_size=size, token_budget=budget, progress=False)
-    known = [t for t in thresholds if t is not None]
-    if not known:
-        chosen = prompts[: min(CALIBRATION, len(prompts))]
-        known = [threshold_for(calibrate(model, tokenizer, scorer, chosen, half, prefix, **options)[1])]
+    known, exact, log_scores = [t for t in thresholds if t is not None], set(rescored), scores.log_scores.clone()
+    if resumed or not known:
+        k = min(CALIBRATION, len(prompts))
+        first, error, _ = calibrate(model, tokenizer, scorer, prompts[:k], half, prefix, **options)
+        known.append(threshold_for(error))
+        log_scores[:k], exact = first.log_scores, exact | set(range(k))
 
     def rows_in_float32(rows):
         return rescore(model, tokenizer, scorer, [prompts[i] for i in rows], prefix, **options).log_scores
 
-    return settle_job_prior(scores, rescored, max(known), rows_in_float32)
+    return settle_job_prior(LabelScores(scores.labels, log_scores), exact, max(known), rows_in_float32)

@@ -112,7 +112,8 @@ def _few(plan: dict, rows: int) -> dict:
 
 
 def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScores:
-    """``prompts`` scored in float32 (also inside a mixed-precision block), in ``batch_for_few`` batches."""
+    """``prompts`` scored in float32 (also inside a mixed-precision block), in ``batch_for_few`` batches: the
+    calibration sample and the near ties. Notebook 05, section 3."""
     with torch.autocast(model.device.type, enabled=False):
         return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
 
@@ -202,7 +203,8 @@ def settle_job_prior(
     """The job's prior on a verified run: the prior from these scores, every row not already float32's (``exact``)
     whose calibrated margin is under ``threshold`` rescored in float32 (``rescore_rows(rows)``: their float32 log-
     scores), the prior recomputed, until no such row is left. Every label is then float32's under the returned
-    prior, which is the job prior of the returned scores. Returns those scores (with it), it and the rows rescored."""
+    prior, which is the job prior of the returned scores. Returns those scores (with it), it and the rows rescored.
+    Notebook 05, section 3's rule under a prior that depends on the scores (``classify --prior job --dtype auto``)."""
     log_scores, exact, added = scores.log_scores.clone(), set(exact), []
     while True:
         prior = job_prior(LabelScores(scores.labels, log_scores))

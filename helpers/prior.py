@@ -1,4 +1,4 @@
-"""The label prior (notebook 01, section 5; ``classify --prior``): what the model gives each label before it has read
+"""The label prior (notebook 01, section 4; ``classify --prior``): what the model gives each label before it has read
 a ticket, and label scores with it divided out.
 
 A small model asked zero-shot often puts most of its probability on one label whatever the ticket says. Dividing
@@ -7,9 +7,9 @@ each row's label probabilities by the model's prior over the labels ("contextual
 passes, and every speed path's agreement with the loop, stay as they were; only which label is on top can move.
 
 Two estimates: ``content_free_prior`` scores a few inputs that say nothing ("N/A", "", a placeholder) through the
-job's own prompt, in float32 (three extra rows: fine for a job of one row); ``job_prior`` averages the job's own
-probabilities (it needs the whole job, so it is computed after the last row: a resumed or data-parallel run reads
-the same scores and gets the same prior)."""
+job's own prompt, with autocast off (three extra rows: fine for a job of one row); ``job_prior`` averages the job's
+own probabilities (it needs the whole job, so it is computed after the last row: a resumed or data-parallel run
+reads the same scores and gets the same prior)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ CONTENT_FREE = ("N/A", "", "[ticket]")  # Zhao et al.'s content-free inputs, and
 
 @dataclass(frozen=True)
 class Prior:
-    """Log-probabilities over ``labels`` (they sum to 1 as probabilities), and what they were estimated from."""
+    """Log-probabilities over ``labels`` (they sum to 1 as probabilities), and what they were estimated from.
+    Notebook 01, section 4."""
 
     labels: list[str]
     log_probs: torch.Tensor
@@ -55,7 +56,7 @@ class Prior:
 
 
 def mean_prior(scores: LabelScores, source: str) -> Prior:
-    """The mean of the rows' label probabilities (raw, before any prior), as log-probs."""
+    """The mean of the rows' label probabilities (raw, before any prior), as log-probs. Notebook 01, section 4."""
     if not len(scores):
         raise ValueError(f"a prior needs at least one row ({source}): there are none")
     mean = torch.softmax(scores.log_scores.double(), dim=-1).mean(0)
@@ -63,13 +64,14 @@ def mean_prior(scores: LabelScores, source: str) -> Prior:
 
 
 def job_prior(scores: LabelScores) -> Prior:
-    """The job's own mean probabilities: every row of it (computed after the last one)."""
+    """The job's own mean probabilities: every row of it (computed after the last one). Notebook 01, section 4."""
     return mean_prior(scores, f"the job's {len(scores)} rows")
 
 
 def content_free_prior(model, tokenizer, scorer, examples=(), descriptions=None, texts=CONTENT_FREE) -> Prior:
     """The mean probabilities the model gives ``texts``, inputs that say nothing, in the job's prompt (its labels,
-    examples and descriptions), scored one at a time in float32, also inside a mixed-precision block."""
+    examples and descriptions), scored one at a time in the model's dtype with autocast off (float32 for the float32
+    model of ``--dtype auto``, also inside a mixed-precision block). Notebook 01, section 4 (Going deeper)."""
     prompts = [build_prompt(tokenizer, text, scorer.labels, examples, descriptions) for text in texts]
     with torch.autocast(model.device.type, enabled=False):
         scores = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
@@ -78,6 +80,6 @@ def content_free_prior(model, tokenizer, scorer, examples=(), descriptions=None,
 
 def calibrated(scores: LabelScores, prior: Prior | None) -> LabelScores:
     """``scores`` with ``prior`` divided out of their labels, predictions, confidence and margins (``log_scores``
-    stay the raw ones); ``prior=None``: the scores as they are."""
+    stay the raw ones); ``prior=None``: the scores as they are. Notebook 01, section 4."""
     shift = None if prior is None else prior.for_labels(scores.labels)
     return LabelScores(scores.labels, scores.log_scores, scores.info, prior=shift)

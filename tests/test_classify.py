@@ -18,7 +18,7 @@ from helpers.__main__ import main
 from helpers.batching import STRATEGIES, score_batched
 from helpers.data import LABELS, build_prompt
 from helpers.prefix_cache import PrefixCache
-from helpers.prior import calibrated, content_free_prior, job_prior
+from helpers.prior import calibrated, content_free_prior
 from helpers.scoring import LabelScorer, score_one_by_one
 from helpers.tables import prediction_columns
 
@@ -220,7 +220,7 @@ def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows, capsys):
     one, two = pd.read_csv(single, dtype=str), pd.read_csv(double, dtype=str)
     assert len(two) == len(one) == n_rows
     assert one[["ticket_id", "body", "predicted_label"]].equals(two[["ticket_id", "body", "predicted_label"]])
-    probabilities = ["p_billing", "p_technical", "p_account"]
+    probabilities = [f"{kind}_{label}" for kind in ("p", "raw_p") for label in LABELS]
     assert (one[probabilities].astype(float) - two[probabilities].astype(float)).abs().max().max() < 1e-4
 
 
@@ -458,7 +458,7 @@ def test_jsonl_values_come_back_exactly_as_written(tmp_path, capsys):
     for record, line in zip(DATE_LIKE, lines):
         written = json.loads(line)
         assert {k: written[k] for k in record} == record and written["predicted_label"] in LABELS
-        assert set(written) == set(record) | set(prediction_columns(LABELS, raw=True))  # the default prior: the job's
+        assert set(written) == set(record) | set(prediction_columns(LABELS, raw=True))  # a prior (content-free here)
         for key, value in record.items():  # the very text of each value (non-ASCII written as itself)
             assert f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}" in line, (key, line)
 
@@ -610,7 +610,7 @@ def test_dtype_auto_verifies_half_precision_where_it_is_fast_and_stays_float32_e
         cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS)
         scorer = LabelScorer(tokenizer, LABELS)
         raw = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, prefix=cache, progress=False)
-        assert job_prior(raw).source == results["float32"].prior.source
+        assert calibrated(raw, results["float32"].prior).predictions == labels["float32"], "float32's own prior"
         labels["float32"] = calibrated(raw, results["auto"].prior).predictions
     assert labels["auto"] == labels["float32"], "auto changed a label"
     if bfloat16_speed > 1:

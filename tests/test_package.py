@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 MODULES = sorted(p for p in (ROOT / "helpers").glob("*.py") if p.stem not in ("__init__", "__main__"))
-TEACHING = ["generation", "scoring", "checks", "prefix_cache", "batching", "bench", "data", "precision"]
+TEACHING = ["generation", "scoring", "checks", "prior", "prefix_cache", "batching", "bench", "data", "precision"]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)

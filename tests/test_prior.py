@@ -81,6 +81,7 @@ def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_i
     generator = torch.Generator().manual_seed(0)
     exact = torch.randn(200, 3, generator=generator) * 0.3 + torch.tensor([2.0, 0.0, 0.0])  # collapsed on billing
     half = exact + (torch.rand(200, 3, generator=generator) - 0.5) * 0.1
+    half[:2] = exact[:2]  # rows 0 and 1: already float32's (the calibration's)
     error = float(((half - exact).amax(-1) - (half - exact).amin(-1)).max())
     calls = []
 
@@ -90,6 +91,12 @@ def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_i
 
     scores, prior, added = settle_job_prior(LabelScores(LABELS, half.clone()), {0, 1}, error, in_float32)
     assert added and not {0, 1} & set(added), "rows already float32's are not rescored again"
+    assert sorted(row for call in calls for row in call) == sorted(added), "each rescored once, in float32"
+    first = job_prior(LabelScores(LABELS, half))  # the prior before settling: some label differs from float32's
+    assert (
+        calibrated(LabelScores(LABELS, half), first).predictions
+        != calibrated(LabelScores(LABELS, exact), first).predictions
+    )
     truth = calibrated(LabelScores(LABELS, exact), prior)
     assert scores.predictions == truth.predictions, "every label float32's under the settled prior"
     assert torch.allclose(prior.log_probs, job_prior(scores).log_probs), "the prior is the returned scores' own"
@@ -109,8 +116,8 @@ def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tin
     with mixed_precision(model, "bfloat16"):
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
     full = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
-    scores, prior, added = _settle(
-        model, tokenizer, scorer, prompts, half, "bfloat16", None, ("sorted", 4, None), [None], []
-    )
+    plan = ("sorted", 4, None)
+    scores, prior, added = _settle(model, tokenizer, scorer, prompts, half, "bfloat16", None, plan, [None], [], True)
     assert scores.predictions == calibrated(full, prior).predictions
-    assert torch.allclose(scores.log_scores[added], full.log_scores[added], atol=1e-4), "float32 scores, rescored"
+    first = [*range(len(prompts) if len(prompts) < 16 else 16), *added]  # the calibration rows and the rescored
+    assert torch.allclose(scores.log_scores[first], full.log_scores[first], atol=1e-4), "float32 scores there"

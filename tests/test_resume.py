@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent
 KILLER = Path(__file__).parent / "kill_after_batches.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "SLM_DEVICE": "cpu"}
-PROBABILITIES = ["p_billing", "p_technical", "p_account"]
+PROBABILITIES = [f"{kind}_{label}" for kind in ("p", "raw_p") for label in ("billing", "technical", "account")]
 
 
 def job(tmp_path, rows=40):
