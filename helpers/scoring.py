@@ -263,10 +263,10 @@ class LabelScores:
     def to_frame(self) -> pd.DataFrame:
         """Prediction, confidence and ``p_<label>`` columns; with a prior, the raw probabilities too (``raw_p_``)."""
         frame = pd.DataFrame({"predicted_label": self.predictions, "confidence": self.confidence})
-        for j, label in enumerate(self.labels):
-            frame[f"p_{label}"] = self.probabilities[:, j].numpy()
-        for j, label in enumerate(self.labels if self.prior is not None else []):
-            frame[f"raw_p_{label}"] = torch.softmax(self.log_scores, dim=-1)[:, j].numpy()
+        shares = {"p": self.probabilities.numpy(), "raw_p": torch.softmax(self.log_scores, dim=-1).numpy()}
+        for kind in ("p", "raw_p") if self.prior is not None else ("p",):
+            for j, label in enumerate(self.labels):
+                frame[f"{kind}_{label}"] = shares[kind][:, j]
         return frame
 
     def __len__(self) -> int:

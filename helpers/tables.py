@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
-import torch
 
 from .scoring import LabelScores, check_labels
 
@@ -190,15 +189,13 @@ def _csv_cell(value: Any) -> Any:
 
 def write_results(table: Table, scores: LabelScores, path: Path) -> None:
     """Write the input rows, in input order, each followed by its prediction columns, as CSV or JSONL, atomically."""
-    raw = torch.softmax(scores.log_scores, dim=-1).numpy() if scores.prior is not None else None  # before the prior
-    records, rows = [], zip(table.records, scores.predictions, scores.probabilities.numpy(), strict=True)
-    for i, (record, label, p) in enumerate(rows):
-        shares = {f"p_{name}": round(float(value), 8) for name, value in zip(scores.labels, p)}
-        if raw is not None:
-            shares.update({f"raw_p_{name}": round(float(value), 8) for name, value in zip(scores.labels, raw[i])})
-        records.append({**record, "predicted_label": label, "confidence": round(float(p.max()), 8), **shares})
+    predicted = [  # LabelScores.to_frame's columns, probabilities to 8 decimals
+        {key: value if key == "predicted_label" else round(float(value), 8) for key, value in row.items()}
+        for row in scores.to_frame().to_dict("records")
+    ]
+    records = [{**record, **row} for record, row in zip(table.records, predicted, strict=True)]
     if path.suffix.lower() == ".csv":
-        columns = [*table.columns, *prediction_columns(scores.labels, raw is not None)]
+        columns = [*table.columns, *prediction_columns(scores.labels, scores.prior is not None)]
         cells = [[_csv_cell(record.get(column)) for column in columns] for record in records]
         frame = pd.DataFrame(cells, columns=columns, dtype=object)
         atomic_write(path, lambda handle: frame.to_csv(handle, index=False))
