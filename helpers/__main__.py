@@ -72,8 +72,7 @@ def run_bench(args) -> int:
         f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), {scaled}; agreement: against the "
         f"{args.dtypes[0]} loop"
     )
-    columns = [c for c in COLUMNS.split() if c in frame]
-    print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(frame[[c for c in COLUMNS.split() if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for line in frame.attrs["failed"]:
         print(f"not measured: {line}")
     if args.csv_path:
@@ -129,8 +128,7 @@ def run_classify(args) -> int:
     from .classify import classify_file
 
     classify_file(**_keywords(args))
-    # Left to interpreter shutdown, the gloo group's threads can abort a process that has finished its work
-    # ("terminate called without an active exception"): end it on every process.
+    # Left to shutdown, gloo's threads can abort a finished process ("terminate called without an active exception").
     if group := _process_group():
         group.destroy_process_group()
     return 0
@@ -161,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
-        # After a failure every process of a data-parallel run knows of, wait until all have said it: otherwise the
-        # launcher, seeing the first process exit, could stop the others before they print.
+        # Wait until every process has said a shared failure: the launcher, seeing one exit, could stop the rest first.
         from .classify import ProcessFailure
 
         if isinstance(error, ProcessFailure) and (group := _process_group()):

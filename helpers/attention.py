@@ -1,10 +1,9 @@
 """Attention without copying keys and values per query head (grouped-query models on CPU).
 
 SmolLM2 and Qwen2.5 share each key/value head among several query heads. On CPU, transformers' ``sdpa`` copies each
-shared head once per query head (``repeat_kv``) whenever a mask is given, which a padded batch or a cached prefix
-always has; PyTorch's SDPA reads the shared heads itself (``enable_gqa=True``), and on CPU its kernel takes masks
-that way (on CUDA it would fall back to a slow kernel, so ``use_gqa_attention`` switches only CPU models). It is
-registered with transformers' ``AttentionInterface``, and the agreement checks against the loop cover it."""
+shared head once per query head (``repeat_kv``) whenever a mask is given (a padded batch, a cached prefix); PyTorch's
+SDPA reads the shared heads itself (``enable_gqa=True``), and on CPU its kernel takes masks that way (on CUDA it would
+fall back to a slow kernel: ``use_gqa_attention`` switches only CPU models). The agreement checks cover it."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ def sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError(f"{NAME} attention does not support position_bias or softcap: use 'sdpa'")
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # As in transformers: the causal flag only without a mask (the series never uses a static cache, whose empty slots
-    # past the queries would need cropping first).
+    # As in transformers: causal only without a mask (no static cache here, whose empty slots would need cropping).
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
     options = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal)
     out = torch.nn.functional.scaled_dot_product_attention(

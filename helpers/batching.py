@@ -1,9 +1,8 @@
 """Length-bucketed batching, alone or on top of the prefix cache (notebook 03).
 
-A padded batch costs (rows x its longest row) tokens. Sorting by token length puts similar lengths
-together, so each batch pads only to its own maximum; a token budget caps (rows x longest row)
-instead of rows, so the long tail never blows memory. Results always return to their input slots.
-"""
+A padded batch costs (rows x its longest row) tokens. Sorting by token length puts similar lengths together, so each
+batch pads only to its own maximum; a token budget caps (rows x longest row) instead of rows, so the long tail never
+blows memory. Results always return to their input slots."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ STRATEGIES = ("loop", "arbitrary", "sorted", "token_budget")
 
 
 class NonFiniteScores(RuntimeError):
-    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing (``load_model`` probes for it).
-    Notebook 03, section 2."""
+    """A forward gave NaN label scores: a broken mask, or a half dtype overflowing. Notebook 03, section 2."""
 
 
 @dataclass
@@ -37,13 +35,9 @@ class PaddingReport:
     n_batches: int
 
     @property
-    def padding_tokens(self) -> int:
-        return self.processed_tokens - self.real_tokens
-
-    @property
     def padding_fraction(self) -> float:
         """Padding tokens / processed tokens."""
-        return self.padding_tokens / self.processed_tokens if self.processed_tokens else 0.0
+        return (self.processed_tokens - self.real_tokens) / self.processed_tokens if self.processed_tokens else 0.0
 
     def as_dict(self) -> dict:
         return {**asdict(self), "padding_fraction": self.padding_fraction}
@@ -76,24 +70,18 @@ def plan_batches(
     if strategy == "sorted":
         return [order[start : start + batch_size] for start in range(0, n, batch_size)]
     batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        # Longest first, so the batch's first row sets its padded width.
-        width = tokens_per_row + (lengths[current[0]] if current else lengths[index])
-        if current and (len(current) + 1) * width > token_budget:
-            batches.append(current)
-            current = []
-        current.append(index)
-    batches.append(current)
+    for index in order:  # longest first, so a batch's first row sets its padded width
+        if batches and (len(batches[-1]) + 1) * (tokens_per_row + lengths[batches[-1][0]]) <= token_budget:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
     return batches
 
 
 def padding_report(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> PaddingReport:
-    """Real vs processed (padded) tokens of these batches (a whole plan, or some of its batches). Notebook 03, section
-    4."""
+    """Real vs processed (padded) tokens of these batches (a plan, or some of its batches). Notebook 03, section 4."""
     processed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
-    real = sum(lengths[i] for batch in batches for i in batch)
-    return PaddingReport(int(real), int(processed), len(batches))
+    return PaddingReport(int(sum(lengths[i] for batch in batches for i in batch)), int(processed), len(batches))
 
 
 def global_padding_factor(lengths: Sequence[int]) -> float:
@@ -114,11 +102,10 @@ def score_batched(
     unclean: str = "full",
     on_batch=None,
 ) -> LabelScores:
-    """Label scores for every prompt, in input order, with timing and padding in ``.info``. With ``prefix`` (a
-    ``PrefixCache``) only each prompt's tokens after the prefix run; a prompt whose split is not token-clean runs in
-    full (``unclean="full"``, listed in ``.info["full_prompt_items"]``) or stops the run (``"raise"``); one that does
-    not start with the prefix always stops it. ``on_batch(items, log_scores, full)``: called as each batch finishes
-    (``classify`` lands them in its progress file). Notebook 03, section 2."""
+    """Label scores for every prompt, in input order, timing and padding in ``.info``. With ``prefix`` (a
+    ``PrefixCache``) only each prompt's tokens after it run; a prompt not token-clean there runs in full
+    (``unclean="full"``, listed in ``.info["full_prompt_items"]``) or stops the run (``"raise"``), as one not starting
+    with it does. ``on_batch(items, log_scores, full)``: called as each batch finishes. Notebook 03, section 2."""
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
     if unclean not in ("full", "raise"):
@@ -129,48 +116,37 @@ def score_batched(
     full: dict[int, list[int]] = {}  # item -> its whole prompt's tokens
     # Every prompt is tokenized once, in one call; the prefix split cuts the ids, never the text.
     for i, (prompt, ids) in enumerate(zip(prompts, encode_prompts(tokenizer, prompts))):
-        if prefix is None:
-            full[i] = ids
-            continue
         try:
-            cached[i] = prefix.split(prompt, i, ids=ids)
+            if prefix is not None:
+                cached[i] = prefix.split(prompt, i, ids=ids)
+                continue
         except UncleanSplitError:
             if unclean == "raise":
                 raise
-            full[i] = ids
+        full[i] = ids
     tokenized = time.perf_counter()
     # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
-    groups = [(list(cached), list(cached.values()), prefix), (list(full), list(full.values()), None)]
-    groups = [group for group in groups if group[0]]
+    groups = [(list(group), list(group.values()), cache) for group, cache in ((cached, prefix), (full, None)) if group]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
-    real = processed = n_batches = 0
     passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
     ran: list[list[int]] = []  # every batch's input positions, in the order the batches ran
     batch_seconds: list[float] = []  # and each one's seconds (its scores' copy to the host waits for the device)
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
-        for items, rows, group_prefix in groups:
-            lengths = [len(row) for row in rows]
+        for items, rows, cache in groups:
+            lengths, past = [len(row) for row in rows], cache.length if cache is not None else 0
             # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
-            overhead = len(scorer.tail) + (group_prefix.length if group_prefix is not None else 0)
-            batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=overhead)
-            past = group_prefix.length if group_prefix is not None else 0
+            batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=len(scorer.tail) + past)
             # (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
             passes += [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
             for batch in batches:
-                slots = [items[j] for j in batch]
-                began = time.perf_counter()
+                slots, began = [items[j] for j in batch], time.perf_counter()
                 # Scores go back to their input slots: batches run in sorted order.
-                scores[slots] = label_log_probs(
-                    model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, prefix=group_prefix
-                )
+                scores[slots] = label_log_probs(model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, cache)
                 batch_seconds.append(time.perf_counter() - began)
                 ran.append(slots)
                 if on_batch is not None:
-                    on_batch(slots, scores[slots], group_prefix is None and prefix is not None)
+                    on_batch(slots, scores[slots], cache is None and prefix is not None)
                 bar.update(len(batch))
-            report = padding_report(lengths, batches)
-            real, processed = real + report.real_tokens, processed + report.processed_tokens
-            n_batches += report.n_batches
     sync(model.device)
     seconds = time.perf_counter() - start
     if torch.isnan(scores).any():
@@ -189,6 +165,7 @@ def score_batched(
         "batches": ran,
         "batch_seconds": batch_seconds,
         "items_per_s": len(prompts) / seconds,
-        **PaddingReport(real, processed, n_batches).as_dict(),
+        # every batch's real and padded tokens, of each row's tokens after the prefix where it ran on the cache
+        **padding_report({i: len(ids) for i, ids in (cached | full).items()}, ran).as_dict(),
     }
     return LabelScores(scorer.labels, scores, info)

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .batching import padding_report, plan_batches, score_batched
+from .batching import global_padding_factor, padding_report, plan_batches, score_batched
 from .checks import agreement
 from .data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
 from .models import free_memory, is_out_of_memory, load_model, machine_name
@@ -40,9 +40,8 @@ LOOPS = {"sorted": "loop", "sorted_prefix": "loop_prefix"}  # sorted batches of 
 
 
 def sample_blocks(lengths: Sequence[int], block: int, every: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The timed blocks and their strata: ``block`` consecutive tickets of the sorted order (longest first), the
-    middle one of every ``every`` consecutive blocks; each stratum is those ``every`` blocks' tickets. ``every=1``:
-    every block, each its own stratum. Notebook 03, section 4; notebook 04, section 1."""
+    """The timed blocks, ``block`` consecutive tickets of the sorted order (longest first), the middle one of every
+    ``every`` consecutive blocks, and their strata (those blocks). Notebook 03, section 4; notebook 04, section 1."""
     if block < 1 or every < 1:
         raise ValueError(f"block and every must be >= 1, got block={block}, every={every}")
     order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
@@ -60,9 +59,8 @@ def processed_tokens(lengths: Sequence[int], items: Sequence[int], strategy: str
 
 @dataclass
 class Row:
-    """One contender timed on the sample: its ``blocks`` with each one's ``weights`` (the rule), ``seconds``: each
-    repeat's estimate for the whole plan (``block_seconds``: its blocks' own), the last run's scores (checked against
-    the loop), the plan's padding. Notebook 03, section 4; notebook 04, section 1."""
+    """One contender timed on the sample: its ``blocks`` and their ``weights`` (the rule), each repeat's estimate of the
+    whole plan (``seconds``; its blocks' own: ``block_seconds``). Notebook 03, section 4; notebook 04, section 1."""
 
     name: str
     batch_size: int
@@ -76,9 +74,8 @@ class Row:
 
     @classmethod
     def plan(cls, name: str, batch_size: int, lengths: Sequence[int], blocks_and_strata, prefix_length=0) -> Row:
-        """A row of strategy ``name`` (``STRATEGIES``) at ``batch_size`` on ``sample_blocks``' blocks and strata of
-        ``lengths``: each block's weight by the rule, and the whole plan's padding, planned after a
-        cached prefix of ``prefix_length`` tokens where the strategy uses it. Notebook 04, section 1."""
+        """A row of strategy ``name`` at ``batch_size`` on ``sample_blocks``' blocks and strata of ``lengths``: block
+        weights by the rule, the plan's padding (after a ``prefix_length`` cache, if used). Notebook 04, section 1."""
         strategy, uses_prefix = STRATEGIES[name]
         planned = [n - prefix_length for n in lengths] if uses_prefix else list(lengths)  # tokens after the prefix
 
@@ -139,10 +136,9 @@ class Row:
 
 
 def results_frame(rows: dict, reference: LabelScores, info, shots: int, prefix_tokens: int) -> pd.DataFrame:
-    """One line per timed ``Row``: tickets/s of all its plan (median, slowest and fastest repeat), the sample's
-    padding beside the plan's, agreement with ``reference`` (the loop) on every sampled ticket, and what produced it
-    (model, dtype, device, machine). Its columns are ``runs/benchmark.csv``'s. Notebook 04, section 1."""
-    records = []
+    """One line per timed ``Row`` (``runs/benchmark.csv``'s columns): tickets/s of its plan (median, slowest and fastest
+    repeat), the sample's and plan's padding, agreement with ``reference``, what produced it. Notebook 04, section 1."""
+    records, machine = [], machine_name(info.device)
     for row in rows.values():
         check, (low, high) = agreement(reference, row.scores), row.spread
         rate = dict(items_per_s=row.items_per_s, items_per_s_min=low, items_per_s_max=high, repeats=len(row.seconds))
@@ -152,15 +148,12 @@ def results_frame(rows: dict, reference: LabelScores, info, shots: int, prefix_t
         agreed = dict(agreement=check["agreement"], max_abs_diff=check["max_abs_diff"])
         where = dict(model=info.name, device=info.device, threads=info.threads, timing_only=info.timing_only)
         row_key = dict(strategy=row.name, batch_size=row.batch_size, dtype=info.dtype)
-        records.append(
-            {**row_key, **rate, **sample, **padding, **prompt, **agreed, **where, "machine": machine_name(info.device)}
-        )
+        records.append({**row_key, **rate, **sample, **padding, **prompt, **agreed, **where, "machine": machine})
     return pd.DataFrame(records)
 
 
 def sweep_rows(strategies: Sequence[str], batch_sizes: Sequence[int]) -> list[tuple[str, int]]:
-    """(strategy, batch size) rows: the loops once, a sorted strategy at every batch size (at 1: its loop).
-    Notebook 04, section 1."""
+    """(strategy, size) rows: loops once, sorted strategies at every size (1: their loop). Notebook 04, section 1."""
     rows = []
     for name in strategies:
         for size in [1] if STRATEGIES[name][0] == "loop" else batch_sizes:
@@ -172,18 +165,16 @@ def sweep_rows(strategies: Sequence[str], batch_sizes: Sequence[int]) -> list[tu
 
 def _joined(parts: Sequence[LabelScores]) -> LabelScores:
     """Block results as one ``LabelScores``, block after block, with their seconds, tickets and padding added up."""
-    real, processed = (sum(part.info[key] for part in parts) for key in ("real_tokens", "processed_tokens"))
-    info = {key: sum(part.info[key] for part in parts) for key in ("n", "seconds")}
-    info.update(real_tokens=real, processed_tokens=processed, padding_fraction=1 - real / processed)
+    info = {key: sum(part.info[key] for part in parts) for key in ("n", "seconds", "real_tokens", "processed_tokens")}
+    info["padding_fraction"] = 1 - info["real_tokens"] / info["processed_tokens"]
     return LabelScores(parts[0].labels, torch.cat([part.log_scores for part in parts]), info)
 
 
 def sweep(model, tokenizer, scorer, prompts, rows, block: int, every: int, repeats: int, prefix=None, progress=True):
-    """Time every (strategy, batch size) row on the same sample of ``prompts`` (``sample_blocks``): one untimed
-    batch of each row's size first (first calls allocate memory and pick kernels; out of memory shows there, and
-    costs the row alone, said in the returned lines), then ``repeats`` rounds in alternating order (first to last,
-    last to first, ...), each row's blocks one ``score_batched`` call each, every run scaled by the rule. The rows on
-    the prefix cache use ``prefix``. Notebook 03, section 4 (its race); notebook 04, section 1 (``run_benchmark``)."""
+    """Time every (strategy, batch size) row on the same sample of ``prompts`` (``sample_blocks``): an untimed batch of
+    each row's size first (it allocates memory and picks kernels; running out of memory there costs the row alone, said
+    in the returned lines), then ``repeats`` rounds in alternating order, each block one ``score_batched`` call (on
+    ``prefix`` where the row uses it), scaled by the rule. Notebook 03, section 4; notebook 04, section 1."""
     if prefix is None and any(STRATEGIES[name][1] for name, _ in rows):
         raise ValueError("a row on the prefix cache needs prefix=PrefixCache(...)")
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
@@ -232,18 +223,16 @@ def run_benchmark(
     loaded: tuple | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """``python -m helpers bench`` and notebook 04's sweep: every (strategy, batch size) row in every dtype, timed on
-    the same sample (``sweep``), scaled to all ``n`` tickets, each row's scores checked against the first dtype's loop
-    on every sampled ticket. A row that runs out of device memory is left out with a line (``attrs["failed"]``).
-    ``loaded``: a ``load_model`` result to use for the dtype it holds instead of loading it again. Returns the
-    results (``runs/benchmark.csv``'s columns) and each dtype's timed rows. Notebook 04, section 1."""
+    the same sample (``sweep``), scaled to all ``n`` tickets, checked against the first dtype's loop on every sampled
+    ticket; a row out of device memory is left out with a line (``attrs["failed"]``). ``loaded``: a ``load_model``
+    result to reuse. Returns the results (``runs/benchmark.csv``'s columns), the timed rows. Notebook 04, section 1."""
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(STRATEGIES)}")
     block = max(batch_sizes)
     if any(b < 1 or block % b for b in batch_sizes) or repeats < 1 or every < 1:
         raise ValueError(f"batch sizes must each divide the largest ({list(batch_sizes)}); repeats and every >= 1")
-    texts = make_tickets(n, seed=0, style="article")["text"].tolist()
-    examples = few_shot_examples(shots)
+    texts, examples = make_tickets(n, seed=0, style="article")["text"].tolist(), few_shot_examples(shots)
     rows, frames, reference, swept = sweep_rows(strategies, batch_sizes), [], None, {}
     for dtype in dtypes:
         if loaded is not None and loaded[2].dtype == dtype:
@@ -276,11 +265,8 @@ def run_benchmark(
 
 
 def padding_by_strategy(tokenizer, n: int = POOL, batch_size: int = 32, shots: int = 0, seed: int = 0) -> pd.DataFrame:
-    """Padding share of each way of forming batches over ``n`` article tickets (the tokenizer alone, no model):
-    everything padded to the longest, arbitrary order, sorted, a token budget of ``batch_size`` median prompts.
-    Notebook 04, section 3."""
-    from .batching import global_padding_factor
-
+    """Padding share of each way of forming batches over ``n`` article tickets (the tokenizer alone): everything padded
+    to the longest, arbitrary order, sorted, a token budget of ``batch_size`` median prompts. Notebook 04, section 3."""
     examples = few_shot_examples(shots)
     prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in make_tickets(n, seed, "article")["text"]]
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]

@@ -20,9 +20,8 @@ LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical,
-    or (``near_ties``, low precision only) different only where the reference's top two are within ``atol``.
-    Notebook 01, section 3."""
+    """How closely a path must agree with the reference in one dtype: log-probs within ``atol``; labels identical, or
+    (``near_ties``, low precision) differing only where the reference's top two are as close. Notebook 01, section 3."""
 
     dtype: str
     atol: float
@@ -46,21 +45,17 @@ def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
 
 
 def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
-    """Fraction of identical labels, the largest label log-prob difference, and how many differing labels were near
-    ties (the reference's top two less than ``near_tie`` apart: rounding may order them either way). Notebook 01,
-    section 4."""
+    """Fraction of identical labels, the largest label log-prob difference, and how many differing labels were near ties
+    (the reference's top two under ``near_tie`` apart: rounding may order them either way). Notebook 01, section 4."""
     if len(reference) != len(candidate):
         raise ValueError(f"cannot compare {len(reference)} reference results with {len(candidate)}")
     reference, candidate = reference.raw, candidate.raw  # a prior is a shift: the checks read the raw scores
-    same = reference.predicted_index == candidate.predicted_index
-    tie = (reference.margins < near_tie).numpy()
+    same, tie = reference.predicted_index == candidate.predicted_index, (reference.margins < near_tie).numpy()
     diff = (reference.log_scores - candidate.log_scores).abs().max().item()
     return dict(agreement=float(same.mean()), max_abs_diff=diff, n=len(reference), near_ties=int((~same & tie).sum()))
 
 
-def assert_agrees(
-    reference: LabelScores, candidate: LabelScores, atol=FLOAT32_ATOL, near_ties=False, item_names=None
-) -> dict:
+def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_ATOL, near_ties=False, item_names=None):
     """Same label for every item and log-probs within ``atol``; the error names the first bad item (``item_names``,
     else "item i"). A ``Tolerance`` as ``atol`` sets ``near_ties`` too: in low precision a differing label is accepted
     where the reference's top two are within ``atol`` (rounding can order them either way). Notebook 01, section 3."""
@@ -68,11 +63,10 @@ def assert_agrees(
         atol, near_ties = atol.atol, atol.near_ties
     name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
     reference, candidate = reference.raw, candidate.raw
-    stats = agreement(reference, candidate, near_tie=atol if near_ties else 0.0)
+    tie = atol if near_ties else 0.0  # a margin is never below 0: no label counts as a near tie then
+    stats = agreement(reference, candidate, near_tie=tie)
     differs = reference.predicted_index != candidate.predicted_index
-    if near_ties:
-        differs &= ~(reference.margins < atol).numpy()
-    differs = np.flatnonzero(differs)
+    differs = np.flatnonzero(differs & ~(reference.margins < tie).numpy())
     if len(differs):
         i = differs[0]
         raise AssertionError(
@@ -88,9 +82,8 @@ def assert_agrees(
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of ``successes`` out of ``n`` (95 % with the default ``z``): unlike
-    p ± z·sqrt(p(1-p)/n) it stays within [0, 1] and does not shrink to a point at 0 or n, which matters on a few dozen
-    tickets. Notebook 01, section 4."""
+    """The Wilson interval of ``successes`` out of ``n``: unlike p ± z·sqrt(p(1-p)/n) it stays in [0, 1] and never
+    shrinks to a point at 0 or n, as matters on a few dozen tickets. Notebook 01, section 4."""
     if n <= 0 or int(n) != n:
         raise ValueError(f"cannot give an interval for n={n} items: n must be a positive whole number")
     if not 0 <= successes <= n or int(successes) != successes:
@@ -107,14 +100,10 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def mcnemar_exact(only_first: int, only_second: int) -> float:
-    """McNemar's exact test for two classifiers on the same items: the two-sided p-value that the items only the first
-    got right and those only the second got right split as unevenly as this by chance (items both got right or both
-    wrong say nothing about which is better). Notebook 01, Going deeper."""
+    """McNemar's exact test of two classifiers on the same items: the two-sided p-value that the items only one of them
+    got right split this unevenly by chance (items both got right or wrong say nothing). Notebook 01, Going deeper."""
     for name, value in (("only_first", only_first), ("only_second", only_second)):
         if value < 0 or int(value) != value:
             raise ValueError(f"{name}={value} must be a whole number >= 0")
-    n, k = int(only_first + only_second), int(min(only_first, only_second))
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    n, k = int(only_first + only_second), int(min(only_first, only_second))  # n = 0 gives 1.0
+    return min(1.0, 2 * (sum(math.comb(n, i) for i in range(k + 1)) / 2**n))

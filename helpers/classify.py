@@ -42,9 +42,8 @@ BATCH_SIZE = 16
 # A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
 COLLAPSE_SHARE = 0.9
 COLLAPSE_MIN_ROWS = 10
-# The label prior divided out of every row by default (helpers.prior): the job's own mean, benchmarks/priors.py's
-# table in docs/classify.md; a job of fewer rows than this, whose mean would be mostly its own rows, gets the
-# content-free prior instead.
+# The label prior divided out of every row by default (helpers.prior; benchmarks/priors.py's table in docs/classify.md):
+# the job's own mean; a job of fewer rows, whose mean would be mostly its own rows, gets the content-free prior.
 PRIOR = "job"
 JOB_PRIOR_MIN_ROWS = 30
 
@@ -56,7 +55,7 @@ class ProcessFailure(RuntimeError):
 def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
     """(prompts, rows cut): a prompt too long for the model is an error, or cut at the head with ``truncate``."""
     # Room for the longest label (with its end-of-answer marker when whole answers are scored).
-    label_room = max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in labels) + end_tokens
+    label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
     overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
     budget = max_tokens - label_room - overhead
     if budget < 1:
@@ -74,7 +73,7 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
         if too_long(prompt) and truncate:
             # Keep the head: a ticket's start usually says what it is about. Decoding and re-encoding can shift a
             # token or two, so shrink until the prompt really fits.
-            ids, keep = tokenizer(text, add_special_tokens=False)["input_ids"], budget
+            ids, keep = encode_prompt(tokenizer, text), budget
             while too_long(prompt) and keep > 0:
                 prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
                 keep -= 8
@@ -88,8 +87,7 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
 
 
 def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0, dtype=None) -> dict:
-    """Re-run ``k`` random rows one at a time, the reference; raise on a disagreement beyond ``tolerance_for`` the
-    dtype the scores came from (default: the model's)."""
+    """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype."""
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
     tolerance, numbers = tolerance_for(dtype or model.dtype), [r + 1 for r in rows]
@@ -112,8 +110,7 @@ def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples
     if examples:
         advice = f"its {examples} example(s) were not enough: give at least one per label, clearer ones, or try a "
         advice += "larger model (--model)"
-    if prior == "none":
-        advice += "; or divide out its label prior with --prior job"
+    advice += "; or divide out its label prior with --prior job" if prior == "none" else ""
     divided = " even with its label prior divided out" if prior != "none" else ""
     apart = f"the model may not be telling the labels apart{divided}; {advice}"
     return f"warning: {top} of {rows} rows ({top / rows:.0%}) got {label!r} ({distribution}): {apart}"
@@ -195,10 +192,9 @@ def classify_file(
     device: str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> ClassifyResult:
-    """Classify every row of a CSV/JSONL file and write them, with their predictions, to ``output_path``: every check
-    that needs no model first, then the labels as tokens, the model, this process's share of the rows, and on rank 0
-    verification and the atomic write. ``say`` gets the messages for a person (default: stderr), from rank 0 only.
-    The options are the command's (``python -m helpers classify --help``)."""
+    """Classify every row of a CSV/JSONL file and write them with their predictions to ``output_path``: the checks that
+    need no model first, then the labels as tokens, the model, this process's share of the rows, and on rank 0
+    verification and the atomic write. ``say`` gets rank 0's messages (default: stderr); options as the command's."""
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
@@ -212,8 +208,7 @@ def classify_file(
     state = PartialState(cpu=wanted.type == "cpu")  # one process per GPU under a launcher; CPU processes use gloo
     if state.num_processes > 1 and wanted.type == "mps":
         raise InputError("several processes on one Apple GPU do not pay: run classify as one process with --device mps")
-    run_device = state.device if state.num_processes > 1 else wanted
-    main = state.is_main_process
+    run_device, main = state.device if state.num_processes > 1 else wanted, state.is_main_process
     tell = (say or (lambda message: print(message, file=sys.stderr))) if main else (lambda message: None)
 
     def check():
@@ -281,12 +276,10 @@ def classify_file(
         limit, source = int(min(limit for limit in limits if limit and limit < 1e9)), str(table.path)
         texts = [record[text_column] for record in table.records]
         prompts, cut = prepare_prompts(tokenizer, texts, checked_labels, examples, limit, truncate, source, end_tokens)
-
         prefix = None
         if prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
             prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
-        # Computed once, in float32 under --dtype auto, the same on every process and resumed run; the job's needs
-        # every row: after the gather.
+        # Once, in float32 under --dtype auto, alike on every process and resumed run; the job prior needs all rows.
         fixed = content_free_prior(model, tokenizer, scorer, examples) if prior == "content-free" else None
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
@@ -305,30 +298,25 @@ def classify_file(
                 bar.update(len(items))
 
             try:
-                share = [prompts[i] for i in mine]
+                share, (strategy, size, budget) = [prompts[i] for i in mine], plan
+                options = dict(strategy=strategy, batch_size=size, token_budget=budget, prefix=prefix, on_batch=landed)
                 if half is None:
-                    score_batched(model, tokenizer, scorer, share, *plan, prefix, progress=False, on_batch=landed)
+                    score_batched(model, tokenizer, scorer, share, progress=False, **options)
                 else:  # the first rows calibrate the bound and land in float32 (helpers.precision)
-                    strategy, size, budget = plan
-                    options = dict(strategy=strategy, batch_size=size, token_budget=budget, on_batch=landed)
-                    verified = score_verified(
-                        model, tokenizer, scorer, share, half, prefix=prefix, prior=fixed, **options
-                    )
+                    verified = score_verified(model, tokenizer, scorer, share, half, prior=fixed, **options)
                     rescored, threshold = verified.info["rescored"], verified.info["threshold"]
             finally:
                 writer.close()
                 bar.close()
-            shard = [(i, final[j], j in ran_full) for j, i in enumerate(mine)]
-            rescored = [mine[j] for j in rescored]
+            shard, rescored = [(i, final[j], j in ran_full) for j, i in enumerate(mine)], [mine[j] for j in rescored]
         return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, threshold)
 
     model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, extra = _step(state, score_share)
     fixed, prefix, threshold = extra
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
-    gathered = gather_object(shard) if state.num_processes > 1 else shard
-    rescored = gather_object(rescored) if state.num_processes > 1 else rescored
-    thresholds = gather_object([threshold]) if state.num_processes > 1 else [threshold]
+    gather = gather_object if state.num_processes > 1 else list  # one process: its own rows
+    gathered, rescored, thresholds = gather(shard), gather(rescored), gather([threshold])
     processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
     outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
     outcome.rescored = sorted(i + 1 for i in rescored)
@@ -371,17 +359,15 @@ def classify_file(
     resume.remove_progress(output)  # the output holds every row now
     outcome.output, outcome.seconds = output, time.perf_counter() - start
     tell(outcome.summary())
-    warning = collapse_warning(outcome.predictions, checked_labels, examples=len(examples), prior=prior)
-    if warning:
+    if warning := collapse_warning(outcome.predictions, checked_labels, examples=len(examples), prior=prior):
         outcome.warnings.append(warning)
         tell(warning)
     return outcome
 
 
 def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, resumed: bool):
-    """The job prior on a verified run (``settle_job_prior``) on rank 0: the largest threshold of this run's processes,
-    and one measured now on the job's first rows where rows were resumed (an earlier run scored them in half
-    precision, against a bound of its own) or no process scored a row; those rows keep their float32 scores."""
+    """The job prior on a verified run (``settle_job_prior``), on rank 0: under the processes' largest threshold and,
+    where rows were resumed (scored against an earlier bound) or none was scored, one measured now on the first rows."""
     strategy, size, budget = plan
     options = dict(strategy=strategy, batch_size=size, token_budget=budget, progress=False)
     known, exact, log_scores = [t for t in thresholds if t is not None], set(rescored), scores.log_scores.clone()

@@ -1,8 +1,7 @@
 """Synthetic support tickets and the classification prompt (notebook 00 onwards).
 
-Two generators share one length distribution (the reference series' lognormal word counts):
-``style="article"`` rotates three base sentences with one filler, exactly like the reference;
-``style="varied"`` draws from many base tickets and fillers so that accuracy means something."""
+Two generators share the reference's lognormal word counts: ``style="article"`` rotates three base sentences with one
+filler like the reference; ``style="varied"`` draws many base tickets and fillers, so accuracy means something."""
 
 from __future__ import annotations
 
@@ -108,16 +107,12 @@ VARIED_FILLERS = [
 
 def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
     """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, section 3."""
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
+    return np.clip(np.random.default_rng(seed).lognormal(np.log(60), 0.9, size=n), 12, 400).astype(int)
 
 
 def _article_ticket(i: int, n_words: int) -> tuple[str, str]:
     label = LABELS[i % 3]
-    words = ARTICLE_BASES[label].split()
-    filler = ARTICLE_FILLER.split()
-    while len(words) < n_words:
-        words += filler
+    words = ARTICLE_BASES[label].split() + ARTICLE_FILLER.split() * n_words  # more than enough, cut to n_words
     return " ".join(words[:n_words]), label
 
 
@@ -185,8 +180,7 @@ def system_message(labels: Sequence[str] = LABELS, descriptions: dict[str, str] 
 
 
 def build_messages(ticket: str, labels: Sequence[str] = LABELS, examples=(), descriptions=None) -> list[dict[str, str]]:
-    """Chat messages: the instruction, few-shot (text, label) examples as earlier turns, then the ticket. Notebook 00,
-    section 4."""
+    """Chat messages: the instruction, (text, label) examples as earlier turns, the ticket. Notebook 00, section 4."""
     messages = [{"role": "system", "content": system_message(labels, descriptions)}]
     for text, label in examples:
         messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=text)})
@@ -206,8 +200,7 @@ def uses_chat_template(tokenizer) -> bool:
 
 def plain_prompt(tokenizer, ticket: str, labels: Sequence[str] = LABELS, examples=(), descriptions=None) -> str:
     """The prompt as plain text, for a tokenizer without a chat template: the instruction, each example with its label
-    after "Category:", then the ticket up to "Category:", after the tokenizer's BOS token where it has one (as the
-    model saw text in training). Notebook 00, section 4."""
+    after "Category:", the ticket up to "Category:", after any BOS token (as in training). Notebook 00, section 4."""
     parts = [system_message(labels, descriptions)]
     parts += [USER_TEMPLATE.format(ticket=text) + PLAIN_DELIMITER + label for text, label in examples]
     parts.append(USER_TEMPLATE.format(ticket=ticket))
@@ -224,20 +217,19 @@ def build_prompt(tokenizer, ticket: str, labels: Sequence[str] = LABELS, example
 
 
 def answer_tokens(tokenizer, label: str) -> list[int]:
-    """A label's tokens as they follow the prompt: right after the chat template's generation prompt, or, in a plain
-    prompt, after "Category:" and its space, split as the whole text splits (a space merges into the next word).
-    Notebook 00, section 4."""
+    """A label's tokens as they follow the prompt: after the chat template's generation prompt, or a plain prompt's
+    "Category:" and its space, split as the whole text splits (a space joins the next word). Notebook 00, section 4."""
     if uses_chat_template(tokenizer):
-        return tokenizer(label, add_special_tokens=False)["input_ids"]
-    context = tokenizer(USER_TEMPLATE.format(ticket="x"), add_special_tokens=False)["input_ids"]
-    whole = tokenizer(USER_TEMPLATE.format(ticket="x") + PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
+        return encode_prompt(tokenizer, label)
+    context = encode_prompt(tokenizer, USER_TEMPLATE.format(ticket="x"))
+    whole = encode_prompt(tokenizer, USER_TEMPLATE.format(ticket="x") + PLAIN_DELIMITER + label)
     if whole[: len(context)] == context and len(whole) > len(context):
         return whole[len(context) :]
-    return tokenizer(PLAIN_DELIMITER + label, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, PLAIN_DELIMITER + label)
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a templated prompt (the template already holds the special tokens). Notebook 00, section 4."""
+    """Token ids of a text, no special tokens added (a templated prompt holds its own). Notebook 00, section 4."""
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 

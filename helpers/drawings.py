@@ -7,6 +7,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
+from .batching import padding_report
 from .plots import finish, set_title
 
 SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
@@ -18,14 +19,10 @@ BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 LEGEND_BELOW = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
 
 
-def plot_generate_vs_score(
-    steps, label_probs: dict, info, path="generate_vs_score.png", answer=None, score_tokens=None
-):
-    """Left: the forward passes of one ticket, generation's (``steps`` from ``helpers.generation.generation_steps``:
-    input tokens, the token it chose and its probability) above scoring's single pass. Right: what that single pass
-    gives, every label's probability. ``answer``: the generated text as the parser sees it (default: the tokens
-    joined); ``score_tokens``: what the scoring pass processes (default: the prompt; add the label tokens appended
-    after it). Notebook 01, section 2."""
+def plot_generate_vs_score(steps, label_probs, info, path="generate_vs_score.png", answer=None, score_tokens=None):
+    """Left: the forward passes of one ticket, generation's (``steps``: ``generation_steps``'s rows) above scoring's
+    single pass; right: what that pass gives, every label's probability. ``answer``: the parsed text (default: the
+    tokens); ``score_tokens``: the scoring pass's tokens (default: the prompt's). Notebook 01, section 2."""
     if not len(steps):
         raise ValueError("plot_generate_vs_score needs at least one generation step")
     labels, probs = list(label_probs), [float(p) for p in label_probs.values()]
@@ -49,8 +46,7 @@ def plot_generate_vs_score(
         right.text(p, k, f" {p:.2f}", va="center", fontsize=8)
     right.set_yticks(range(len(labels)), labels, fontsize=8)
     right.invert_yaxis()
-    right.set_xlim(0, 1.15)
-    right.set_xlabel("probability, softmax over the labels only")
+    right.set(xlim=(0, 1.15), xlabel="probability, softmax over the labels only")
     answer = "".join(steps["token"]) if answer is None else answer
     extra = f" and {scored - prompt} label token(s)" if scored != prompt else ""
     title = (
@@ -62,21 +58,18 @@ def plot_generate_vs_score(
 
 
 def plot_kv_cache(snapshots, info, path="kv_cache.png"):
-    """What a KV cache holds, step by step: a block per snapshot, positions across and layers stacked up, coloured by
-    what each position is, with the bytes it holds. ``snapshots``: (name, ``DynamicCache``, a kind per position:
-    "reused" for the prefix, "appended" for this ticket's, "dropped" where cropped away). Notebook 02, section 3."""
+    """What a KV cache holds, step by step: a block per snapshot, positions across, layers up, coloured by kind, with
+    its bytes. ``snapshots``: (name, ``DynamicCache``, each position's "reused", "appended", "dropped"). Notebook 02."""
     colours = {"reused": SEGMENT_COLOURS["cached prefix"], "appended": SEGMENT_COLOURS["ticket"], "dropped": "0.85"}
     names = {"reused": "prefix: computed once, reused", "appended": "this ticket's: appended"}
     names["dropped"] = "cropped away"
     fig, ax = plt.subplots(figsize=(9, 0.75 * len(snapshots) + 1.8))
     longest = max(len(kinds) for _, _, kinds in snapshots)
     for row, (name, cache, kinds) in enumerate(snapshots):
-        kinds = list(kinds)
-        held = cache.get_seq_length()
+        kinds, held = list(kinds), cache.get_seq_length()
         if held != len(kinds) - kinds.count("dropped"):
             raise ValueError(f"{name}: the cache holds {held} positions but kinds name {len(kinds)} positions")
-        layers = len(cache.layers)
-        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        layers, tensors = len(cache.layers), [t for layer in cache.layers for t in (layer.keys, layer.values)]
         used = sum(t.nelement() * t.element_size() for t in tensors)
         stored = sum(t.untyped_storage().nbytes() for t in tensors)  # a crop is a view: its storage stays as it was
         start = 0
@@ -91,36 +84,29 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png"):
         note = f"{held} positions x {layers} layers: {used / 2**20:.1f} MiB"
         note += f"\n(its storage still {stored / 2**20:.1f} MiB)" if stored > used else ""
         ax.text(len(kinds) + longest * 0.02, row, note, va="center", fontsize=8)
-    first = snapshots[0][1].layers[0].keys
-    per_position = 2 * len(snapshots[0][1].layers) * first.shape[1] * first.shape[3] * first.element_size()
+    first, depth = snapshots[0][1].layers[0].keys, len(snapshots[0][1].layers)
+    kib = 2 * depth * first.shape[1] * first.shape[3] * first.element_size() / 2**10  # per position
     ax.set_yticks(range(len(snapshots)), [name for name, _, _ in snapshots], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.45)
-    each = (
-        f"a key and a value per layer, {first.shape[1]} heads x {first.shape[3]} dims, {per_position / 2**10:.0f} KiB"
-    )
+    each = f"a key and a value per layer, {first.shape[1]} heads x {first.shape[3]} dims, {kib:.0f} KiB"
     ax.set_xlabel(f"token position in the cache (each one: {each})")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), **LEGEND_BELOW)
     prefix = list(snapshots[0][2]).count("reused")
-    layers = len(snapshots[0][1].layers)
-    title = f"The cache holds the {prefix}-token prefix once, {layers} layers deep; a ticket appends its positions to "
+    title = f"The cache holds the {prefix}-token prefix once, {depth} layers deep; a ticket appends its positions to "
     set_title(ax, title + "every layer and a crop drops them again")
     return fig, finish(fig, info, path)
 
 
 def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png"):
-    """Each plan's batches in the order they run, one thin bar per ticket: its real tokens coloured, the left
-    padding grey (what a padded batch computes for nothing), neighbouring batches in alternating shades. One panel
-    per plan, same scale; drawn for a few tickets or for hundreds."""
-    from .batching import padding_report
-
+    """Each plan's batches in the order they run, a thin bar per ticket: its real tokens coloured, the left padding
+    grey, neighbouring batches in alternating shades; a panel per plan, same scale, for a few tickets or hundreds."""
     fig, axes = plt.subplots(1, len(plans), figsize=(4.5 * len(plans), 5), sharex=True, squeeze=False)
     shares = {}
     for ax, (name, plan) in zip(axes[0], plans.items()):
-        rows, pads, reals, shades = [], [], [], []
-        y = 0
+        rows, pads, reals, shades, y = [], [], [], [], 0
         for k, batch in enumerate(plan):
             width = max(lengths[i] for i in batch)
             rows += range(y, y + len(batch))
@@ -145,10 +131,7 @@ def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png"):
 
 
 def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info, path="prompt_split.png", names=None):
-    """One bar per prompt: the cached prefix (the same for all), the ticket's own tokens, and the label tokens
-    scored after it in the same forward (notebook 02)."""
-    import numpy as np
-
+    """A bar per prompt: the cached prefix (the same for all), its ticket's tokens, the label tokens (notebook 02)."""
     ticket_tokens = [int(n) for n in ticket_tokens]
     if not ticket_tokens:
         raise ValueError("plot_prompt_split needs at least one ticket's token count")
@@ -158,7 +141,7 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
     names = list(names) if names is not None else [f"ticket {i + 1}" for i in range(len(ticket_tokens))]
     share = prefix_tokens * len(ticket_tokens) / (prefix_tokens * len(ticket_tokens) + sum(ticket_tokens))
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(ticket_tokens) + 1.8))
-    rows = np.arange(len(ticket_tokens))
+    rows = range(len(ticket_tokens))
     ax.barh(rows, prefix_tokens, color="C0", alpha=0.55, label="cached prefix (computed once)")
     ax.barh(rows, ticket_tokens, left=prefix_tokens, color="C1", label="ticket's own tokens")
     if label_tokens:
@@ -170,8 +153,7 @@ def plot_prompt_split(prefix_tokens: int, ticket_tokens, label_tokens: int, info
         ax.text(prefix_tokens + n + label_tokens, row, f" {n}{extra}", ha="left", va="center", fontsize=7)
     ax.set_yticks(rows, names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12)
-    ax.set_xlabel("tokens in the forward pass")
+    ax.set(xlim=(0, (prefix_tokens + max(ticket_tokens) + label_tokens) * 1.12), xlabel="tokens in the forward pass")
     labels = f"; each ticket adds {label_tokens} label token{'s' if label_tokens != 1 else ''}" if label_tokens else ""
     title = f"The prefix is {prefix_tokens} tokens, {share:.0%} of these {len(ticket_tokens)} prompts' tokens"
     set_title(ax, title + labels)

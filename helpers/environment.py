@@ -14,8 +14,7 @@ from pathlib import Path
 from . import outputs
 
 PACKAGES = ("torch", "transformers", "gguf", "accelerate", "pandas", "matplotlib", "papermill")
-# (package, minimum version, why the course needs it), checked in this order. The same floors stand in
-# requirements.txt and pyproject.toml (a test keeps the three equal).
+# (package, floor, why the course needs it), in check order; requirements.txt and pyproject.toml agree (a test).
 MINIMUM_VERSIONS = (
     ("torch", "2.6", "runs the model; transformers 5.24 declares torch >= 2.6"),
     ("transformers", "5.24", "the `cache=` forward argument (older releases call it past_key_values)"),
@@ -89,8 +88,7 @@ class Check:
 def _pip(spec: str, *flags: str) -> str:
     """The fix: this interpreter's pip, so it lands in the environment that was checked."""
     quoted = f'"{spec}"' if set(spec) & set("<>") else spec
-    command = " ".join([sys.executable, "-m", "pip", "install", *flags, quoted])
-    root = outputs.repository_root()
+    command, root = " ".join([sys.executable, "-m", "pip", "install", *flags, quoted]), outputs.repository_root()
     if root is not None and Path(sys.prefix).resolve() == (root / ".venv").resolve():
         command += " (or, in the course folder: rm -f .venv/.installed && make setup)"
     return command
@@ -163,9 +161,8 @@ def check_kernel() -> Check:
 
 
 def check_environment(model: str | None = None, commands: bool = False) -> str:
-    """``describe_environment()`` plus one line per check. Raises ``EnvironmentProblem`` naming every failed hard
-    requirement with its fix; what a lesson in an open notebook does not need only warns. ``commands=True``
-    (``python -m helpers check``) checks for the course's commands too: papermill becomes hard."""
+    """``describe_environment()`` and a line per check; raises ``EnvironmentProblem`` naming each failed hard
+    requirement with its fix (what a lesson in a notebook does not need warns). ``commands``: papermill is hard too."""
     checks = [check_package(*requirement, commands=commands) for requirement in MINIMUM_VERSIONS]
     fix = "install torch, then rerun the check"
     no_torch = Check("embedded model", False, "not checked without torch", fix, hard=False)

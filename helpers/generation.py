@@ -22,11 +22,8 @@ def parse_label(text: str, labels: Sequence[str]) -> str | None:
 def _greedy(model, tokenizer, prompt: str, max_new_tokens: int, **options):
     """(prompt length, ``model.generate``'s output): greedy decoding of one prompt, unpadded."""
     ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=model.device)
-    mask, pad = torch.ones_like(ids), tokenizer.pad_token_id
-    out = model.generate(
-        ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad, **options
-    )
-    return ids.shape[1], out
+    options.update(attention_mask=torch.ones_like(ids), pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    return ids.shape[1], model.generate(ids, max_new_tokens=max_new_tokens, **options)
 
 
 def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> str:
@@ -37,9 +34,8 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> s
 
 @torch.inference_mode()
 def generation_steps(model, tokenizer, prompt: str, max_new_tokens: int = 5) -> pd.DataFrame:
-    """The forward passes behind ``generate_answer``, one row each: the tokens it processed (the prompt, then one
-    token per decode step over the cache), the token it chose and that token's probability. The same greedy
-    generation, with its scores kept (notebook 01 draws it). Notebook 01, section 2 (the drawing)."""
+    """The forward passes behind ``generate_answer``, a row each: the tokens it processed (the prompt, then one per
+    decode step over the cache), the token it chose and its probability. Notebook 01, section 2 (the drawing)."""
     length, out = _greedy(model, tokenizer, prompt, max_new_tokens, output_logits=True, return_dict_in_generate=True)
     chosen = out.sequences[0, length:].tolist()
     steps = pd.DataFrame({"pass": range(1, len(chosen) + 1), "input_tokens": [length] + [1] * (len(chosen) - 1)})

@@ -172,11 +172,9 @@ def cpu_threads(topology: str | Path = "/sys/devices/system/cpu") -> int:
 
 
 def process_threads() -> int:
-    """The physical cores shared out among this machine's data-parallel processes (``LOCAL_WORLD_SIZE``), at most
-    ``OMP_NUM_THREADS`` where it is set."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    """The physical cores shared among this machine's ``LOCAL_WORLD_SIZE`` processes, at most ``OMP_NUM_THREADS``."""
+    local, cap = os.environ.get("LOCAL_WORLD_SIZE", "1"), os.environ.get("OMP_NUM_THREADS", "")
     threads = max(1, cpu_threads() // max(1, int(local) if local.isdigit() else 1))
-    cap = os.environ.get("OMP_NUM_THREADS", "")
     return max(1, min(threads, int(cap))) if cap.isdigit() else threads
 
 
@@ -237,25 +235,33 @@ def _save_whole(target: Path, write, finished: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+PROBE = "gguf_logits.safetensors"  # the GGUF model's logits on one sentence, kept by the conversion (test_models)
+
+
 def convert_embedded(target: Path | None = None) -> Path:
-    """Convert the GGUF once to safetensors, config and tokenizer, part by part (``save_pretrained`` refuses it)."""
-    from safetensors.torch import save_model
+    """Convert the GGUF once to safetensors, config and tokenizer, part by part (``save_pretrained`` refuses it), with
+    the GGUF model's logits on a probe sentence (``PROBE``): the converted weights must give them back."""
+    from safetensors.torch import save_file, save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf_path()
     target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
-    if (target / "model.safetensors").exists():
+    if (target / PROBE).exists():
         return target
+    shutil.rmtree(target, ignore_errors=True)  # a conversion from before the probe: converted again, once
 
     def write(tmp: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the weights are de-quantized to float32 already
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        (tokenizer := AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)).save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"))
+        ids = torch.tensor([tokenizer("The app crashes when I open settings.")["input_ids"]])
+        with torch.inference_mode():
+            save_file({"input_ids": ids, "logits": model(ids).logits}, str(tmp / PROBE))
 
-    _save_whole(target, write, "model.safetensors")
+    _save_whole(target, write, PROBE)
     return target
 
 
@@ -275,8 +281,7 @@ def _build_twin(name: str, tokenizer, dtype: torch.dtype):
 
 @functools.cache
 def _hub_reachable(address: str, timeout: float) -> bool:
-    """One bounded TCP connect to the hub (DNS included: in a thread), once per process, so that a tokenizer and its
-    model loaded after it resolve the default alike."""
+    """One bounded TCP connect (DNS too, in a thread), once per process, so a tokenizer and its model resolve alike."""
     endpoint, reached = urlsplit(address), []
 
     def probe() -> None:
@@ -344,9 +349,8 @@ def load_tokenizer(name: str | None = None):
 
 
 def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True, attention="auto", tokenizer=None):
-    """``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or path, "embedded" or a "twin:..." (default
-    ``resolve_name``'s, a fallback said in one line); ``dtype``: None picks ``pick_dtype``'s, a half one is probed;
-    ``attention``: "auto" uses ``sdpa_gqa`` for grouped-query models on CPU; ``tokenizer``: ``load_tokenizer``'s."""
+    """``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or path, "embedded" or "twin:..." (default
+    ``resolve_name``'s); ``dtype``: ``pick_dtype``'s, halves probed; ``attention="auto"``: ``sdpa_gqa`` on CPU."""
     from transformers import AutoModelForCausalLM
 
     from .attention import use_gqa_attention
@@ -367,8 +371,7 @@ def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True
         model = _build_twin(resolved, tokenizer, dtype)
         shown, source = resolved, "random weights: timing only, predictions meaningless"
     else:
-        model = _pretrained(AutoModelForCausalLM, resolved, "model", dtype=dtype)
-        shown = resolved
+        model, shown = _pretrained(AutoModelForCausalLM, resolved, "model", dtype=dtype), resolved
         source = "local path" if Path(resolved).exists() else "hub cache" if _from_cache_only(resolved) else "hub"
     model = model.to(device).eval()
     model, dtype = settle_dtype(model, dtype, requested, shown, verbose)

@@ -15,15 +15,13 @@ def repository_root() -> Path | None:
 
 
 def output_dir(path: str | os.PathLike | None = None) -> Path:
-    """The folder for figures and CSVs, created if missing: ``path`` if given, else ``$SLM_OUTPUT_DIR``, else
-    ``runs/`` at the root of the course checkout (the one this package runs from, else the one around the working
-    directory: a kernel started in notebooks/ with the package installed as a copy), else ``runs/`` here."""
+    """The folder for figures and CSVs, created if missing: ``path``, else ``$SLM_OUTPUT_DIR``, else ``runs/`` in the
+    package's course checkout, else in one around the working directory (a kernel in notebooks/), else ``runs/``."""
     chosen = path or os.environ.get(ENV)
     if chosen is None:
         here = Path.cwd().resolve()
         clones = (p for p in (here, *here.parents) if (p / "helpers" / "scoring.py").is_file())
-        around = next((p for p in clones if (p / "notebooks").is_dir()), None)
-        chosen = (repository_root() or around or here) / "runs"
+        chosen = (repository_root() or next((p for p in clones if (p / "notebooks").is_dir()), None) or here) / "runs"
     folder = Path(chosen).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     return folder

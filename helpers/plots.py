@@ -6,7 +6,11 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from .batching import global_padding_factor
 from .models import machine_name, threads_text
 from .outputs import output_dir
 from .timing import overlap
@@ -31,8 +35,7 @@ def bench_caption(frame) -> str:
     """The caption for benchmark figures: model, dtypes, device, threads, tickets."""
     first = frame.iloc[0]
     note = " (random weights: timing only)" if first["timing_only"] else ""
-    dtypes = " / ".join(dict.fromkeys(frame["dtype"]))
-    machine = f" · {first['machine']}" if "machine" in frame else ""
+    dtypes, machine = " / ".join(dict.fromkeys(frame["dtype"])), f" · {first['machine']}" if "machine" in frame else ""
     timed = first.get("sample_tickets", first["n"])
     tickets = f"{first['n']} tickets" if timed == first["n"] else f"{timed} of {first['n']} tickets timed, scaled"
     return (
@@ -42,25 +45,20 @@ def bench_caption(frame) -> str:
 
 
 def set_title(ax, text: str, width: float | None = None) -> None:
-    """A computed title, wrapped to the figure's width (or ``width`` inches: the axes' own, where a legend sits
-    beside them) so it is never cut off."""
+    """A computed title, wrapped to the figure's width (or ``width`` inches: the axes' own, beside a legend)."""
     inches = width if width is not None else ax.figure.get_figwidth()
     ax.set_title(textwrap.fill(text, width=int(inches * 11)), fontsize=10)
 
 
 def finish(fig, info, path: str | Path, note: str = "") -> Path:
     """Add the caption (a ModelInfo, a benchmark's results frame or a ready string; ``note`` after it), tighten the
-    layout, save as PNG (a relative path lands in ``helpers.outputs.output_dir()``: runs/ at the repository root,
-    never notebooks/)."""
-    text = info if isinstance(info, str) else bench_caption(info) if hasattr(info, "iloc") else caption(info)
-    text += note
+    layout, save as PNG (a relative path in ``helpers.outputs.output_dir()``: runs/, never notebooks/)."""
+    text = (info if isinstance(info, str) else bench_caption(info) if hasattr(info, "iloc") else caption(info)) + note
     # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
     lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.04 * len(lines), 1, 1))
-    path = Path(path)
-    if not path.is_absolute():
-        path = output_dir() / path
+    path = Path(path) if Path(path).is_absolute() else output_dir() / path
     fig.savefig(path, dpi=120)
     return path
 
@@ -68,8 +66,6 @@ def finish(fig, info, path: str | Path, note: str = "") -> Path:
 def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
     """Measured prefix-cache speedup against the prefix's share of the prompt tokens (bars: ``speedup_low`` to
     ``speedup_high``, the range of its rounds), beside the ideal 1 / (1 - share). Notebook 02, section 5."""
-    import numpy as np
-
     frame = frame.sort_values("prefix_share")
     share = frame["prefix_share"].to_numpy()
     # The ideal: every prefix token saved, nothing else changed.
@@ -82,16 +78,14 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
     spread = None
     if {"speedup_low", "speedup_high"} <= set(frame.columns):
         spread = [frame["speedup"] - frame["speedup_low"], frame["speedup_high"] - frame["speedup"]]
-    ranged = " (bars: the range of its rounds)" if spread is not None else ""
-    label = f"measured in this run{ranged}"
+    label = "measured in this run" + (" (bars: the range of its rounds)" if spread is not None else "")
     ax.errorbar(share * 100, frame["speedup"], yerr=spread, marker="o", color="C0", capsize=3, label=label)
     for row, fraction in zip(frame.itertuples(), reached):
         note = f"{int(row.shots)} shots, {int(row.prefix_tokens)} tok\n{fraction:.0%} of ideal"
         # below and right of the point: the measured line climbs away from there, the ideal runs above it
         ax.annotate(note, (row.prefix_share * 100, row.speedup), **NOTE, xytext=(6, -4), fontsize=7, va="top")
     ax.axhline(1, color="0.6", lw=1, ls=":")
-    ax.set_xlabel("static prefix's share of the prompt tokens (%)")
-    ax.set_xlim(0, 100)  # room for the last point's label
+    ax.set(xlabel="static prefix's share of the prompt tokens (%)", xlim=(0, 100))  # room for the last point's label
     ax.set_ylabel("speedup with the prefix cache (x)")
     ax.set_ylim(0, max(ideal.max(), frame.get("speedup_high", frame["speedup"]).max()) * 1.15)
     low, high = reached.min(), reached.max()
@@ -117,22 +111,17 @@ STRATEGY_LABELS = {
 
 
 def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
-    """Two panels against batch size, each point all 600 tickets at that size (``helpers.bench``): tickets/s from
-    zero (bars: the slowest and fastest repeat), and padding, the timed sample's (filled) beside the whole plan's
-    (hollow). A line per sorted strategy and dtype, starting at its loop at batch 1; a loop without a sorted curve of
-    its own (the plain loop, beside batches on the prefix cache) is drawn across as a dashed line. Notebook 04."""
-    from matplotlib.lines import Line2D
-
+    """Two panels against batch size, each point all 600 tickets (``helpers.bench``): tickets/s (bars: slowest to
+    fastest repeat), and padding, the timed sample's (filled) beside the plan's (hollow). A line per sorted strategy and
+    dtype from its loop at batch 1; a loop with no sorted curve runs across, dashed. Notebook 04."""
     fig, (rate_ax, pad_ax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
-    dtypes = list(dict.fromkeys(frame["dtype"]))
-    sizes = sorted(frame["batch_size"].dropna().unique())
+    dtypes, sizes = list(dict.fromkeys(frame["dtype"])), sorted(frame["batch_size"].dropna().unique())
     start_of = {}  # (dtype, prefix) -> the curve's batch-1 row: what the title's ratio divides by
     drawn = frame[frame["strategy"].str.startswith(("loop", "sorted"))]  # a curve: a loop and its sorted batches
     for k, ((dtype, prefix), points) in enumerate(drawn.groupby(["dtype", "prefix"], sort=False)):
         points = points.sort_values("batch_size")
         style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
-        loop = points.iloc[0]
-        start_of[dtype, prefix] = loop
+        start_of[dtype, prefix] = loop = points.iloc[0]
         loop_name = STRATEGY_LABELS.get(loop.strategy, loop.strategy)
         if len(points) == 1 and loop.strategy.startswith("loop"):  # a loop alone: one ticket per pass, drawn across
             label = f"{loop_name}, {dtype}: one ticket per pass, {loop.items_per_s:.2f}/s"
@@ -149,8 +138,7 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     pad_ax.set_xscale("log", base=2)
     pad_ax.set_xticks(sizes, [str(int(size)) for size in sizes])
     pad_ax.set_xlabel("batch size (rows per forward pass; at 1, one ticket per pass: each curve's loop)")
-    rate_ax.set_ylabel("tickets / s, all 600\n(bars: slowest to fastest repeat)")
-    rate_ax.set_ylim(bottom=0)
+    rate_ax.set(ylabel="tickets / s, all 600\n(bars: slowest to fastest repeat)", ylim=(0, None))
     pad_ax.set_ylabel("padding (%)")
     filled, hollow = Line2D([], [], marker="o", color="0.3", ms=4), Line2D([], [], marker="o", color="0.3", ls="none")
     hollow.set(mfc="none", ms=7)
@@ -175,15 +163,13 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
 
 
 def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
-    """Bar chart: padding fraction of processed tokens for each way of forming batches (``bench.padding_by_strategy``,
-    whose ``attrs`` say which prompts and batch size)."""
+    """Bars: padding share of processed tokens per way of forming batches (``bench.padding_by_strategy``'s frame)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     names = [STRATEGY_LABELS.get(name, name).replace(" ", "\n", 1) for name in padding["strategy"]]  # no overlap
     bars = ax.bar(names, padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
-    share = padding.set_index("strategy")["padding_fraction"]
-    setting, nan = padding.attrs, float("nan")
+    share, setting, nan = padding.set_index("strategy")["padding_fraction"], padding.attrs, float("nan")
     known = {"prompts", "batch_size"} <= setting.keys()
     where = f", {setting['prompts']} prompts, batches of {setting['batch_size']}" if known else ""
     sorted_, arbitrary = share.get("sorted", nan), share.get("arbitrary", nan)
@@ -193,8 +179,7 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
 
 
 def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
-    """Horizontal bars: each step's speedup over the one-at-a-time loop. ``note``: added to the caption (how a step
-    timed otherwise than the rest was timed)."""
+    """Bars: each step's speedup over the one-at-a-time loop; ``note`` goes in the caption (a step timed otherwise)."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     spread = None
     if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
@@ -222,10 +207,8 @@ def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
 
 
 def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturation.png"):
-    """What batching can gain on this machine: the profile's prefill tokens/s against rows per forward call, rows
-    of ``profile.batch_row_tokens`` tokens (about a median ticket each), against one such row per call (a dashed line;
-    ``median``, the workload's median prompt, named beside it). ``rows``: the batch size the title reads the gain
-    at."""
+    """What batching can gain here: the profile's prefill tokens/s by rows per call (``profile.batch_row_tokens`` each)
+    against one row per call (dashed; ``median``, the median prompt, beside it). ``rows``: the title's."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     counts, batched = zip(*sorted(profile.batched))
     width = profile.batch_row_tokens
@@ -239,8 +222,7 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     ax.axvline(knee, color="0.5", lw=1, ls=":", label=f"90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(c) for c in counts])
-    ax.set_ylim(0, max(*batched, alone) * 1.15)
-    ax.set_xlabel("rows per forward call (batch size)")
+    ax.set(ylim=(0, max(*batched, alone) * 1.15), xlabel="rows per forward call (batch size)")
     ax.set_ylabel("prefill throughput (tokens / s)")
     beyond = " (beyond the measured rows: flat)" if rows > counts[-1] else ""
     title = f"Prefill tokens/s by rows per call: {rows} rows run {profile.batching_gain(rows):.2f}x the tokens/s of "
@@ -251,20 +233,16 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
 
 
 def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", baseline=None, chance=None, rules=None):
-    """Accuracy per prompt variant (``variant``, ``accuracy``, ``accuracy_low``, ``accuracy_high``, ``n``) with its 95 %
-    Wilson interval; ``baseline``'s interval shaded across, ``chance`` dotted, ``rules`` (a no-model baseline's
-    accuracy, low, high) a grey row of its own. Notebook 01, section 4."""
+    """Accuracy per prompt variant (``variant``, ``accuracy``, ``accuracy_low``, ``accuracy_high``, ``n``), its 95 %
+    Wilson interval; ``baseline``'s shaded, ``chance`` dotted, ``rules`` (a no-model baseline) grey. Notebook 01."""
     missing = [name for name in ("variant", "accuracy", "accuracy_low", "accuracy_high", "n") if name not in variants]
     if missing:
         raise ValueError(f"the variants table lacks column(s) {', '.join(missing)}")
-    rows = variants.reset_index(drop=True)
-    extra = rules is not None
+    rows, extra = variants.reset_index(drop=True), rules is not None
     fig, ax = plt.subplots(figsize=(7, 0.5 * (len(rows) + extra) + 2))
-    y = range(len(rows))
     errors = [100 * (rows["accuracy"] - rows["accuracy_low"]), 100 * (rows["accuracy_high"] - rows["accuracy"])]
-    ax.errorbar(100 * rows["accuracy"], y, xerr=errors, fmt="o", capsize=4, color="C0")
-    points = [(row["accuracy"], i, "C0") for i, row in rows.iterrows()]
-    names = list(rows["variant"])
+    ax.errorbar(100 * rows["accuracy"], range(len(rows)), xerr=errors, fmt="o", capsize=4, color="C0")
+    points, names = [(row["accuracy"], i, "C0") for i, row in rows.iterrows()], list(rows["variant"])
     if extra:
         accuracy, low, high = rules
         spread = [[100 * (accuracy - low)], [100 * (high - accuracy)]]
@@ -274,11 +252,9 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", basel
     for accuracy, i, color in points:
         ax.annotate(f"{accuracy:.0%}", (100 * accuracy, i), **NOTE, xytext=(0, 7), ha="center", fontsize=8, color=color)
     ax.set_yticks(range(len(names)), names)
-    ax.set_ylim(len(names) - 0.5, -0.7)  # top row first, with room for its label above it
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("accuracy (%), with its 95 % Wilson interval")
-    best = rows.sort_values("accuracy", ascending=False).iloc[0]
-    n = int(rows["n"].max())
+    # ylim: top row first, with room for its label above it
+    ax.set(ylim=(len(names) - 0.5, -0.7), xlim=(0, 100), xlabel="accuracy (%), with its 95 % Wilson interval")
+    best, n = rows.sort_values("accuracy", ascending=False).iloc[0], int(rows["n"].max())
     interval = f"[{best['accuracy_low']:.0%}-{best['accuracy_high']:.0%}]"
     text = f"Accuracy on {n} tickets: best {best['variant']} at {best['accuracy']:.0%} {interval}"
     if baseline is not None:
@@ -306,13 +282,7 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", basel
 
 
 def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
-    """Histogram of prompt lengths in tokens, median and maximum marked; the title says what padding every prompt
-    to the longest would cost (notebook 00). The count axis is logarithmic, so the few long prompts stay visible."""
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    from .batching import global_padding_factor
-
+    """Histogram of prompt lengths, median and maximum marked, counts on a log axis: long prompts show (notebook 00)."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.size == 0:
         raise ValueError(f"plot_prompt_lengths needs a non-empty list of token counts, got shape {lengths.shape}")
@@ -336,9 +306,7 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
         ax.axvline(value, color=color, ls=style, lw=1.5)
         where = dict(xycoords=("data", "axes fraction"), xytext=(4 * side, -14), ha="left" if side > 0 else "right")
         ax.annotate(f"{name} {value}", (value, 1), **NOTE, **where, fontsize=9, color=color, bbox=box)
-    ax.set_xlim(0, longest * 1.03)
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("prompts (log scale)")
+    ax.set(xlim=(0, longest * 1.03), xlabel="prompt length (tokens)", ylabel="prompts (log scale)")
     title = f"Prompt lengths of {lengths.size} tickets: median {median}, max {longest} tokens; padding all to the "
     set_title(ax, title + f"longest would process {factor:.1f}x the real tokens")
     ax.grid(alpha=0.3, axis="y")
@@ -346,13 +314,9 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
 
 
 def plot_margins(panels, info, path="precision_margins.png"):
-    """Where the flipped labels sit (notebook 05, section 2), one panel per variant side by side on one linear scale:
-    each ticket's top-two margin in the variant's dtype against how far rounding moved its margins (its label
-    scores' largest change in a difference of two), flipped tickets marked, the verified path's threshold as a
-    vertical line (every ticket left of it is rescored) and error = margin (a flip needs a point above it).
-    ``panels``: (variant, margins, errors, flipped, threshold) each."""
-    import numpy as np
-
+    """Where the flipped labels sit (notebook 05, section 2), a panel per variant: each ticket's top-two margin in its
+    dtype against how far rounding moved its margins, flips marked, the verified path's threshold (tickets left of it
+    are rescored) and error = margin (flips sit above). ``panels``: (variant, margins, errors, flipped, threshold)."""
     if not panels:
         raise ValueError("plot_margins needs at least one variant")
     data = []
@@ -370,9 +334,8 @@ def plot_margins(panels, info, path="precision_margins.png"):
         ax.scatter(margins[flipped], errors[flipped], s=40, color="C3", marker="x", label="label flipped")
         ax.axvline(threshold, color="C0", ls="--", lw=1, label="threshold: rescored left of it")
         ax.plot([0, right], [0, right], color="0.3", ls=":", lw=1, label="error = margin: a flip sits above it")
-        ax.set_xlim(-right * 0.02, right)  # a little room left of 0: a tie's marker shows whole
-        ax.set_ylim(0, top)
-        ax.set_xlabel("top-two margin (log-prob)")
+        # a little room left of 0: a tie's marker shows whole
+        ax.set(xlim=(-right * 0.02, right), ylim=(0, top), xlabel="top-two margin (log-prob)")
         rescored = int((margins < threshold).sum())
         worst = f", the widest at {margins[flipped].max():.2f}" if flipped.any() else ""
         title = f"{variant}: {int(flipped.sum())} of {len(margins)} flipped{worst}; threshold {threshold:.2f} rescores"

@@ -35,9 +35,7 @@ FAST_ENOUGH = 1.5
 
 
 def margin_error(half: LabelScores, full: LabelScores) -> float:
-    """The largest change, between two dtypes' scores of the same rows, in the difference of any two labels'
-    log-scores (the margins the label choice reads): per row, the spread of the per-label changes. Notebook 05,
-    section 2."""
+    """The largest change between two dtypes' scores of the same rows in any two labels' gap. Notebook 05, section 2."""
     if len(half) != len(full) or half.labels != full.labels:
         raise ValueError(
             f"compare the same rows and labels: {len(half)} rows of {half.labels} against {len(full)} of {full.labels}"
@@ -52,32 +50,27 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
 
 
 def threshold_for(error: float, safety: float = SAFETY) -> float:
-    """The half-precision margin under which a row is rescored in float32: the calibration sample's largest margin
-    error times ``safety``. Notebook 05, section 3."""
+    """The rescoring threshold: the calibration's largest margin error times ``safety``. Notebook 05, section 3."""
     if error < 0 or safety < 1:
         raise ValueError(f"need a margin error >= 0 and a safety factor >= 1, got {error} and {safety}")
     return error * safety if error else 0.0
 
 
 def near_ties(scores: LabelScores, threshold: float) -> list[int]:
-    """Rows whose top two labels are closer than ``threshold``: the ones rounding could have ordered either way.
-    Notebook 05, section 3."""
+    """Rows whose top two labels are closer than ``threshold``, maybe swapped by rounding. Notebook 05, section 3."""
     return torch.nonzero(scores.margins < threshold).flatten().tolist()
 
 
 def half_copy(model, dtype: str):
-    """A copy of ``model`` with every weight in ``dtype`` (the float32 model stays as it is). Notebook 05, section
-    2."""
+    """A copy of ``model`` with every weight in ``dtype``; the float32 model stays. Notebook 05, section 2."""
     return copy.deepcopy(model).to(getattr(torch, dtype))
 
 
 @contextmanager
 def mixed_precision(model, dtype: str):
-    """Inside this block ``model``'s matrix multiplies run in ``dtype`` (``torch.autocast``); its residual stream,
-    norms and output layer stay float32. The weights stay float32: autocast rounds each to ``dtype`` once per block
-    (its cache keeps the copies of weights that require grad, as loaded models' do). Notebook 05, section 2."""
-    device = model.device.type
-    head = model.get_output_embeddings()
+    """In this block ``model``'s matrix multiplies run in ``dtype`` (``torch.autocast``); its residual stream, norms,
+    output layer and weights stay float32 (autocast rounds each weight once per block). Notebook 05, section 2."""
+    device, head = model.device.type, model.get_output_embeddings()
     own = vars(head).get("forward")  # an instance's own forward (a hook's wrapper, say) is put back as it was
     forward = head.forward
 
@@ -98,9 +91,8 @@ def mixed_precision(model, dtype: str):
 
 
 def batch_for_few(rows: int, batch_size: int) -> int:
-    """Rows per sorted batch for the calibration sample and the rescored near ties: sets of any length, so at least
-    four batches (each pads only to the longest of its quarter of the lengths), at least ``FEW_PER_BATCH`` rows
-    each (fewer batches cost less), never more than the plan's ``batch_size``. Notebook 05, section 2."""
+    """Rows per sorted batch for calibration and near ties, sets of any length: at least four batches (each pads only to
+    its quarter's longest) of at least ``FEW_PER_BATCH`` rows, at most ``batch_size``. Notebook 05, section 2."""
     return min(batch_size, max(FEW_PER_BATCH, rows // 4))
 
 
@@ -112,8 +104,7 @@ def _few(plan: dict, rows: int) -> dict:
 
 
 def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScores:
-    """``prompts`` scored in float32 (also inside a mixed-precision block), in ``batch_for_few`` batches: the
-    calibration sample and the near ties. Notebook 05, section 3."""
+    """Prompts in float32 (also in a mixed-precision block), in ``batch_for_few`` batches. Notebook 05, section 3."""
     with torch.autocast(model.device.type, enabled=False):
         return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
 
@@ -141,18 +132,14 @@ def score_verified(
     prior: Prior | None = None,
     **plan,
 ) -> LabelScores:
-    """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05,
-    section 3. ``model`` is the float32 model, run in ``dtype`` through ``mixed_precision``. The first
-    ``calibration`` prompts (default ``CALIBRATION``) are scored in float32 (they keep those scores) and in ``dtype``;
-    the threshold is their largest margin error times ``safety`` (or ``threshold`` as given); the rest are scored in
-    ``dtype``, each row under the threshold rescored in float32: its margin read after ``prior`` (a fixed
-    ``helpers.prior.Prior``) where one is given, since a shift per label changes which rows are close. ``plan``:
-    ``score_batched``'s strategy, batch_size or token_budget for the half-precision pass; the calibration and the
-    rescoring run in sorted batches of ``batch_for_few`` rows (one at a time under "loop"; a token budget, which
-    bounds memory, keeps its batches); ``prefix``: the model's float32 ``PrefixCache`` (both passes read it);
-    ``on_batch`` as ``score_batched``'s, with each batch's final scores. ``info``: ``margin_error``, ``threshold``,
-    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration,
-    half, rescore: where the time went)."""
+    """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05, section
+    3. ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision``. The first ``calibration`` prompts
+    (default ``CALIBRATION``) are scored in float32 (keeping those scores) and in ``dtype``; the threshold is their
+    largest margin error times ``safety`` (or ``threshold``); the rest are scored in ``dtype``, each row under the
+    threshold rescored in float32, its margin read after ``prior`` if given (a shift per label changes which rows are
+    close). ``plan``: ``score_batched``'s, for the half-precision pass (``_few`` plans the rest); ``prefix``: the
+    float32 ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``,
+    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds``."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -192,19 +179,15 @@ def score_verified(
         phases["rescore"] = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=landed, **plan).info["seconds"]
     seconds = time.perf_counter() - start
     info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
-    info["phase_seconds"] = phases
-    info["items_per_s"] = len(prompts) / seconds
+    info.update(phase_seconds=phases, items_per_s=len(prompts) / seconds)
     return LabelScores(list(scorer.labels), log_scores, info, prior=shift)
 
 
-def settle_job_prior(
-    scores: LabelScores, exact, threshold: float, rescore_rows
-) -> tuple[LabelScores, Prior, list[int]]:
-    """The job's prior on a verified run: the prior from these scores, every row not already float32's (``exact``)
-    whose calibrated margin is under ``threshold`` rescored in float32 (``rescore_rows(rows)``: their float32 log-
-    scores), the prior recomputed, until no such row is left. Every label is then float32's under the returned
-    prior, which is the job prior of the returned scores. Returns those scores (with it), it and the rows rescored.
-    Notebook 05, section 3's rule under a prior that depends on the scores (``classify --prior job --dtype auto``)."""
+def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows) -> tuple[LabelScores, Prior, list[int]]:
+    """The job's prior on a verified run: the prior from these scores, every row not already float32's (``exact``) whose
+    calibrated margin is under ``threshold`` rescored in float32 (``rescore_rows(rows)``: their log-scores), the prior
+    recomputed, until no such row is left: every label is then float32's under the returned prior, the returned scores'
+    job prior. Returns (those scores, the prior, the rows rescored). Notebook 05, section 3 (``--prior job``)."""
     log_scores, exact, added = scores.log_scores.clone(), set(exact), []
     while True:
         prior = job_prior(LabelScores(scores.labels, log_scores))
@@ -218,9 +201,8 @@ def settle_job_prior(
 
 
 def choose_half(profile) -> tuple[str | None, str]:
-    """The half dtype worth a verified path on this machine (notebook 00's profile: matmul at least ``FAST_ENOUGH``
-    times float32's, and finite logits with this model), or None; and one line saying why. Notebook 05, section 1
-    reads the same profile; ``classify --dtype auto`` calls this."""
+    """The half dtype worth a verified path here (notebook 00's profile: matmul at least ``FAST_ENOUGH`` times
+    float32's, finite logits), or None, and a line saying why. Notebook 05, section 1; ``classify --dtype auto``."""
     base = profile.matmul_gflops["float32"]
     others = {name: flops for name, flops in profile.matmul_gflops.items() if name != "float32"}
     fast = [name for name in profile.fast_dtypes() if name != "float32"]

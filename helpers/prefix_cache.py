@@ -32,29 +32,23 @@ def common_prefix(texts: Sequence[str]) -> str:
 def find_prefix_text(tokenizer, **prompt_options) -> str:
     """The static part of the templated prompt (``build_prompt``'s options): the common start of two prompts with other
     tickets, trailing spaces left to the suffix (tokenizers glue a space to the next word). Notebook 02, section 1."""
-    rendered = [build_prompt(tokenizer, ticket, **prompt_options) for ticket in ("A", "Z")]
-    return common_prefix(rendered).rstrip(" ")
+    return common_prefix([build_prompt(tokenizer, ticket, **prompt_options) for ticket in ("A", "Z")]).rstrip(" ")
 
 
 def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
-    """Whether the whole prompt's tokens start with exactly the prefix's tokens and go on after them: then the rest,
-    run after the cached prefix, is exactly the plain path's input (``PrefixCache.split``'s rule). Notebook 02, section
-    2."""
-    whole = encode_prompt(tokenizer, prompt)
-    head = encode_prompt(tokenizer, prefix_text)
+    """Whether the whole prompt's tokens start with exactly the prefix's tokens and go on after them: then the rest, run
+    after the cached prefix, is the plain path's input (``PrefixCache.split``'s rule). Notebook 02, section 2."""
+    whole, head = encode_prompt(tokenizer, prompt), encode_prompt(tokenizer, prefix_text)
     return prompt.startswith(prefix_text) and whole[: len(head)] == head and len(whole) > len(head)
 
 
 class PrefixCache:
-    """The prefix's keys and values, computed once, reused for every ticket (batched or not). Notebook 02, sections
-    3-4."""
+    """The prefix's keys and values, computed once and reused for every ticket. Notebook 02, sections 3-4."""
 
     def __init__(self, model, tokenizer, prefix_text: str):
         if not prefix_text:
             raise ValueError("the prefix text is empty: nothing to cache")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.text = prefix_text
+        self.model, self.tokenizer, self.text = model, tokenizer, prefix_text
         self.ids = encode_prompt(tokenizer, prefix_text)
         self.length = len(self.ids)
         with torch.inference_mode():
@@ -70,8 +64,7 @@ class PrefixCache:
         return cls(model, tokenizer, find_prefix_text(tokenizer, **prompt_options))
 
     def split(self, prompt: str, index: int | None = None, ids: Sequence[int] | None = None) -> list[int]:
-        """The prompt's own tokens after the prefix (``ids``: its whole tokens, where the caller has them); refuses a
-        prompt the cache does not fit."""
+        """The prompt's tokens after the prefix (``ids``: all its tokens, if known); refuses one that doesn't fit."""
         where = f"prompt #{index}" if index is not None else "prompt"
         if not prompt.startswith(self.text):
             raise PromptSplitError(f"{where} does not start with the cached prefix: rebuild the cache")
@@ -83,9 +76,8 @@ class PrefixCache:
         return whole[self.length :]
 
     def cache_for_batch(self, batch_size: int) -> DynamicCache:
-        """A fresh cache holding the prefix for ``batch_size`` rows (``expand``ed views of the prefix's own tensors):
-        no state is shared between calls, so a forward interrupted midway leaves nothing behind. The cost, copies of
-        the prefix's keys and values when the model appends (notebook 02, Going deeper), is small next to a forward."""
+        """A fresh cache of the prefix for ``batch_size`` rows (views of its tensors): nothing is shared between calls,
+        so an interrupted forward leaves nothing behind; copies as the model appends cost little (notebook 02)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         layers = self.layers

@@ -1,15 +1,14 @@
-"""The label prior (notebook 01, section 4; ``classify --prior``): what the model gives each label before it has read
-a ticket, and label scores with it divided out.
+"""The label prior (notebook 01, section 4; ``classify --prior``): what the model gives each label before it has read a
+ticket, and label scores with it divided out.
 
-A small model asked zero-shot often puts most of its probability on one label whatever the ticket says. Dividing
-each row's label probabilities by the model's prior over the labels ("contextual calibration", Zhao et al. 2021;
-"batch calibration", Zhou et al. 2023) is subtracting one log-prob per label from every row: a shift, so the forward
-passes, and every speed path's agreement with the loop, stay as they were; only which label is on top can move.
+A small model asked zero-shot often puts most of its probability on one label whatever the ticket says. Dividing each
+row's label probabilities by the model's prior over the labels ("contextual calibration", Zhao et al. 2021; "batch
+calibration", Zhou et al. 2023) subtracts one log-prob per label from every row: a shift, so the forward passes, and
+every speed path's agreement with the loop, stay as they were; only which label is on top can move.
 
-Two estimates: ``content_free_prior`` scores a few inputs that say nothing ("N/A", "", a placeholder) through the
-job's own prompt, with autocast off (three extra rows: fine for a job of one row); ``job_prior`` averages the job's
-own probabilities (it needs the whole job, so it is computed after the last row: a resumed or data-parallel run
-reads the same scores and gets the same prior)."""
+Two estimates: ``content_free_prior`` scores inputs that say nothing ("N/A", "", a placeholder) through the job's own
+prompt, autocast off (three extra rows); ``job_prior`` averages the job's own probabilities, after the last row (a
+resumed or data-parallel run reads the same scores and gets the same prior)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ CONTENT_FREE = ("N/A", "", "[ticket]")  # Zhao et al.'s content-free inputs, and
 
 @dataclass(frozen=True)
 class Prior:
-    """Log-probabilities over ``labels`` (they sum to 1 as probabilities), and what they were estimated from.
-    Notebook 01, section 4."""
+    """Log-probabilities over ``labels`` (as probabilities they sum to 1) and their source. Notebook 01, section 4."""
 
     labels: list[str]
     log_probs: torch.Tensor
@@ -59,8 +57,7 @@ def mean_prior(scores: LabelScores, source: str) -> Prior:
     """The mean of the rows' label probabilities (raw, before any prior), as log-probs. Notebook 01, section 4."""
     if not len(scores):
         raise ValueError(f"a prior needs at least one row ({source}): there are none")
-    mean = torch.softmax(scores.log_scores.double(), dim=-1).mean(0)
-    return Prior(list(scores.labels), mean.log().float(), source)
+    return Prior(list(scores.labels), torch.softmax(scores.log_scores.double(), dim=-1).mean(0).log().float(), source)
 
 
 def job_prior(scores: LabelScores) -> Prior:
@@ -69,9 +66,8 @@ def job_prior(scores: LabelScores) -> Prior:
 
 
 def content_free_prior(model, tokenizer, scorer, examples=(), descriptions=None, texts=CONTENT_FREE) -> Prior:
-    """The mean probabilities the model gives ``texts``, inputs that say nothing, in the job's prompt (its labels,
-    examples and descriptions), scored one at a time in the model's dtype with autocast off (float32 for the float32
-    model of ``--dtype auto``, also inside a mixed-precision block). Notebook 01, section 4 (Going deeper)."""
+    """The mean probabilities the model gives ``texts``, inputs that say nothing, in the job's prompt, scored one at a
+    time in the model's dtype, autocast off (float32 under ``--dtype auto``). Notebook 01, section 4 (Going deeper)."""
     prompts = [build_prompt(tokenizer, text, scorer.labels, examples, descriptions) for text in texts]
     with torch.autocast(model.device.type, enabled=False):
         scores = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
@@ -79,7 +75,6 @@ def content_free_prior(model, tokenizer, scorer, examples=(), descriptions=None,
 
 
 def calibrated(scores: LabelScores, prior: Prior | None) -> LabelScores:
-    """``scores`` with ``prior`` divided out of their labels, predictions, confidence and margins (``log_scores``
-    stay the raw ones); ``prior=None``: the scores as they are. Notebook 01, section 4."""
+    """``scores`` with ``prior`` divided out (``log_scores`` stay raw; ``None``: unchanged). Notebook 01, section 4."""
     shift = None if prior is None else prior.for_labels(scores.labels)
     return LabelScores(scores.labels, scores.log_scores, scores.info, prior=shift)

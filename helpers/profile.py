@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -17,10 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils import benchmark
 
 from .models import ModelInfo, cache_dir, dtype_candidates, finite_logits, free_memory, machine_name, threads_text
 from .timing import Stopwatch
+
+# A CUDA build of torch without a CUDA runtime warns as torch.utils.benchmark imports cpp_extension, atop every
+# classify run; nothing here builds an extension, so the line is noise.
+(log := logging.getLogger("torch.utils.cpp_extension")).setLevel(logging.ERROR)
+from torch.utils import benchmark  # noqa: E402
+
+log.setLevel(logging.NOTSET)
 
 PROFILE_VERSION = 10  # 7: roof from torch.utils.benchmark. 8: no decode step. 9: every weight shape. 10: all threads
 SLOW_DTYPE_RATIO = 0.5  # a half dtype whose matmul runs below this share of float32's is not worth running
@@ -52,9 +59,8 @@ def _time_call(call, device: torch.device, min_time_s: float = 0.2, max_repeats:
 
 @torch.inference_mode()
 def matmul_gflops(device, dtype: torch.dtype, shape: tuple[int, int, int], min_run_time=1.0, slow=None) -> float | None:
-    """GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``, a roof: the fastest block of
-    ``torch.utils.benchmark.Timer.blocked_autorange`` after a warm-up. None where the dtype is unsupported.
-    ``slow``: a rate below which the first call answers (bfloat16 without bf16 instructions takes seconds a call)."""
+    """GFLOP/s of one (m x k) @ (k x n) matmul in ``dtype``, a roof: the fastest block of ``blocked_autorange`` after a
+    warm-up; None where unsupported. Below ``slow`` the first call answers (emulated bfloat16 takes seconds a call)."""
     device = torch.device(device)
     m, k, n = shape
     flops = 2 * m * k * n
@@ -75,17 +81,23 @@ def matmul_gflops(device, dtype: torch.dtype, shape: tuple[int, int, int], min_r
 
 def roof_shapes(model, device: torch.device) -> list[tuple[int, int, int]]:
     """Every distinct shape of the model's weight matrices (its linear layers but the output layer) as a matmul, with
-    enough tokens to keep the device busy (2048 on a CPU, far more on a GPU): the roof is the fastest of them, since a
-    forward pass runs them all and a roof is a maximum."""
-    tokens = 2048 if device.type == "cpu" else 16384
-    head = model.get_output_embeddings()
+    enough tokens to keep the device busy: the roof is the fastest, since a forward runs them all."""
+    tokens, head = 2048 if device.type == "cpu" else 16384, model.get_output_embeddings()
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
     return sorted({(tokens, m.in_features, m.out_features) for m in linear}, key=lambda s: -s[1] * s[2])
 
 
-def _rate_curve(model, counts: Iterable[int], make_inputs, least: int = 64) -> list[tuple[int, float]]:
-    """(count, tokens/s) for growing inputs, until the rate stops growing (two steps under 5 %) past ``least``."""
+@torch.inference_mode()
+def _rate_curve(model, counts: Iterable[int], shape, masked=False, least=64) -> list[tuple[int, float]]:
+    """(count, tokens/s) on random ids of ``shape(count)`` until the rate grows under 5 % twice, past ``least``."""
     points: list[tuple[int, float]] = []
+    generator = torch.Generator().manual_seed(0)
+
+    def make_inputs(count):
+        rows, width = shape(count)
+        ids = torch.randint(0, model.config.vocab_size, (rows, width), generator=generator).to(model.device)
+        return {"input_ids": ids, **({"attention_mask": torch.ones_like(ids)} if masked else {})}, rows * width
+
     model(**make_inputs(1)[0], use_cache=False, logits_to_keep=1)  # warm-up, once per curve: the first call ever
     for count in counts:
         inputs, tokens = make_inputs(count)
@@ -97,30 +109,16 @@ def _rate_curve(model, counts: Iterable[int], make_inputs, least: int = 64) -> l
     return points
 
 
-@torch.inference_mode()
 def prefill_curve(model) -> list[tuple[int, float]]:
     """(tokens per forward call, tokens/s) for one sequence of each size, until the throughput stops growing."""
-    generator = torch.Generator().manual_seed(0)
     limit = getattr(model.config, "max_position_embeddings", 4096)
-
-    def one_sequence(tokens):
-        ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=generator).to(model.device)
-        return {"input_ids": ids}, tokens
-
-    return _rate_curve(model, [n for n in PREFILL_SIZES if n <= limit], one_sequence)
+    return _rate_curve(model, [n for n in PREFILL_SIZES if n <= limit], lambda tokens: (1, tokens))
 
 
-@torch.inference_mode()
 def batched_curve(model, row_tokens: int = BATCH_ROW_TOKENS) -> list[tuple[int, float]]:
-    """(rows per forward call, tokens/s) for batches of ``row_tokens``-token rows with an attention mask (as a
-    padded batch has), to at least 32 rows on a CPU and 256 on a GPU, until the throughput stops growing."""
-    generator = torch.Generator().manual_seed(0)
-
-    def rows(count):
-        ids = torch.randint(0, model.config.vocab_size, (count, row_tokens), generator=generator).to(model.device)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, count * row_tokens
-
-    return _rate_curve(model, BATCH_ROWS, rows, least=32 if model.device.type == "cpu" else 256)
+    """(rows per call, tokens/s) for masked batches of ``row_tokens``-token rows, to at least 32 rows (256 on a GPU)."""
+    least = 32 if model.device.type == "cpu" else 256
+    return _rate_curve(model, BATCH_ROWS, lambda rows: (rows, row_tokens), masked=True, least=least)
 
 
 def half_precision_finite(model, dtype: str) -> bool:
@@ -174,9 +172,8 @@ class MachineProfile:
         return _interpolate(self.batched, rows)
 
     def batching_gain(self, rows: float) -> float:
-        """How much faster per token ``rows`` median-length rows run in one call than one such row alone: both read
-        on the batched curve, one sweep measured one way (the single-sequence curve, timed at other moments and read
-        between its sizes, can differ from the batched curve's first point by more than the gain)."""
+        """How much faster per token ``rows`` median-length rows run in one call than one, both read on the batched
+        curve from one sweep (the single-sequence curve can differ from its first point by more than the gain)."""
         return self.batched_tokens_per_s(rows) / self.batched_tokens_per_s(1)
 
     @property
@@ -188,21 +185,17 @@ class MachineProfile:
     def fast_dtypes(self) -> list[str]:
         """float32 and each half dtype whose matmul runs at least half as fast here and gives finite logits."""
         base = self.matmul_gflops["float32"]
-        fast = {name for name, gflops in self.matmul_gflops.items() if gflops >= SLOW_DTYPE_RATIO * base}
-        return [
-            name for name in self.matmul_gflops if name == "float32" or (name in fast and self.finite.get(name, True))
-        ]
+        fast = [name for name, gflops in self.matmul_gflops.items() if gflops >= SLOW_DTYPE_RATIO * base]
+        return [name for name in fast if name == "float32" or self.finite.get(name, True)]
 
     def slow_dtypes(self) -> dict[str, str]:
         """dtype -> one line saying why it is not worth running here."""
-        base, why = self.matmul_gflops["float32"], {}
+        base, fast, why = self.matmul_gflops["float32"], self.fast_dtypes(), {}
         overflow = "a forward in it gives non-finite logits with this model (half-precision overflow)"
+        slow = "its matmul runs at {:.3g} GFLOP/s here against {:.3g} for float32 (below half): not worth running"
         for name, gflops in self.matmul_gflops.items():
-            slow = (
-                f"its matmul runs at {gflops:.3g} GFLOP/s here against {base:.3g} for float32 (below half): not worth"
-            )
-            if name not in self.fast_dtypes():
-                why[name] = f"{name}: " + (f"{slow} running" if gflops < SLOW_DTYPE_RATIO * base else overflow)
+            if name not in fast:
+                why[name] = f"{name}: " + (slow.format(gflops, base) if gflops < SLOW_DTYPE_RATIO * base else overflow)
         return why
 
     def caption(self) -> str:
@@ -240,8 +233,7 @@ def profile_path(info: ModelInfo, device: torch.device) -> Path:
 
 
 def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool = True) -> MachineProfile:
-    """This machine's profile for ``model`` as loaded (its dtype and device), measured once and cached;
-    ``refresh=True`` measures again (after changing thread counts or power settings, say). Notebook 00, section 2."""
+    """This machine's profile for ``model``, measured once and cached (``refresh``: again). Notebook 00, section 2."""
     path = profile_path(info, model.device)
     if not refresh and str(path) in _MEMORY:
         return _MEMORY[str(path)]
@@ -269,9 +261,8 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
                 break
         if rates:
             matmul[str(dtype).removeprefix("torch.")] = max(rates)
-    fast = [
-        name for name, gflops in matmul.items() if name != "float32" and gflops >= SLOW_DTYPE_RATIO * matmul["float32"]
-    ]
+    base = matmul["float32"]
+    fast = [name for name, gflops in matmul.items() if name != "float32" and gflops >= SLOW_DTYPE_RATIO * base]
     finite = {name: half_precision_finite(model, name) for name in fast}
     what = (machine_name(device), torch.__version__, info.name, info.dtype, str(device), torch.get_num_threads())
     profile = MachineProfile(*what, matmul, prefill_curve(model), batched_curve(model), finite=finite)

@@ -29,9 +29,8 @@ class ResumeMismatch(ValueError):
 
 
 def fingerprint(input_path: Path, *fields) -> dict:
-    """What decides a job's results: the input file's digest, then ``fields`` in ``FIELDS`` order, as it reads back
-    from a file. Batch size, strategy, the prefix cache and the process count are left out: they change a score
-    within the agreement tolerance, never which rows there are."""
+    """What decides a job's results: the input file's digest, then ``fields`` in ``FIELDS`` order, as read back from a
+    file. Batch size, strategy, prefix cache and process count change a score within tolerance, not rows: left out."""
     digest = hashlib.sha256(Path(input_path).read_bytes()).hexdigest()  # the rows are all in memory anyway
     shown = json.loads(json.dumps(dict(zip(FIELDS, [digest, *fields], strict=True))))
     shown["examples"] = hashlib.sha256(json.dumps(shown["examples"]).encode()).hexdigest()

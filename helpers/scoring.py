@@ -1,12 +1,11 @@
 """Constrained output: score the valid labels instead of generating text (notebook 01).
 
-A label's score is the log-probability of its tokens right after the prompt, ``log p(t1 | prompt) + log p(t2 |
-prompt, t1) + ...``: with single-token labels, the last position's logits (the exact first-token shortcut);
-otherwise the later label tokens are appended in the same forward pass, each label a branch that sees the prompt but
-not the other labels. That says "the answer starts with this label": where one label's tokens begin another's
-(``account``, ``account change``) the longer can never win, so ``LabelScorer`` then scores *whole answers*, each label
-followed by the chat template's end-of-answer marker. Every optimized path goes through ``label_log_probs`` and is
-checked against ``score_one_by_one``, the one-ticket-at-a-time reference."""
+A label's score is the log-probability of its tokens right after the prompt, ``log p(t1 | prompt) + log p(t2 | prompt,
+t1) + ...``: with single-token labels, the last position's logits (the exact first-token shortcut); otherwise the later
+label tokens are appended in the same forward pass, each label a branch that sees the prompt but not the other labels.
+That says "the answer starts with this label": where one label's tokens begin another's (``account``, ``account
+change``) the longer can never win, so ``LabelScorer`` then scores *whole answers*, each label followed by the
+end-of-answer marker. Every fast path goes through ``label_log_probs``, checked against ``score_one_by_one``."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .data import answer_tokens, encode_prompt
+from .data import answer_tokens, encode_prompt, uses_chat_template
 from .timing import Stopwatch
 
 METHODS = ("auto", "first_token", "sequence")
@@ -43,17 +42,10 @@ def check_labels(labels: Sequence[str]) -> list[str]:
 _SENTINEL = "Zq7Xv"
 
 
-def _marker_ids(tokenizer) -> set[int]:
-    """Tokens that can end an answer: the special tokens, every added token, and the end-of-sequence token."""
-    ids = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
-    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
-
-
 def end_of_answer_text(tokenizer) -> str | None:
-    """What the chat template writes right after an assistant's answer, up to its first marker token (``<|im_end|>``
-    for Qwen and SmolLM2, ``<|eot_id|>`` for Llama 3), read off the template around a stand-in answer; None without
-    a template or such a marker. Notebook 01, Going deeper."""
-    if not getattr(tokenizer, "chat_template", None):
+    """What the chat template writes right after an assistant's answer, up to its first marker token (``<|im_end|>`` for
+    Qwen and SmolLM2, ``<|eot_id|>`` for Llama 3), read around a stand-in answer; or None. Notebook 01, Going deeper."""
+    if not uses_chat_template(tokenizer):
         return None
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
     try:
@@ -64,28 +56,21 @@ def end_of_answer_text(tokenizer) -> str | None:
         return None
     after = rendered.split(_SENTINEL, 1)[1]
     encoded = tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)
-    markers = _marker_ids(tokenizer)
+    # Tokens that can end an answer: the special tokens, every added token, and the end-of-sequence token.
+    markers = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    markers.add(tokenizer.eos_token_id)  # None where it has none: no token's id
     for token, (_, end) in zip(encoded["input_ids"], encoded["offset_mapping"]):
         if token in markers:
             return after[:end]
     return None
 
 
-def answer_ids(tokenizer, label: str, end_text: str) -> list[int]:
-    """A label as a whole answer: the tokens of the label followed by the end-of-answer text, tokenized together as
-    the template renders them (a space before the marker, as Llama 2 writes it, merges as it does there). Notebook 01,
-    Going deeper."""
-    return tokenizer(label + end_text, add_special_tokens=False)["input_ids"]
-
-
 def end_of_answer_ids(tokenizer) -> list[int] | None:
-    """The end-of-answer marker's tokens after a plain answer (``[<|im_end|>]`` for Qwen and SmolLM2), or None.
-    Notebook 01, Going deeper."""
+    """The end-of-answer marker's tokens after answers (Qwen's ``[<|im_end|>]``), or None. Notebook 01, Going deeper."""
     text = end_of_answer_text(tokenizer)
     if text is None:
         return None
-    probe = tokenizer(_SENTINEL, add_special_tokens=False)["input_ids"]
-    whole = answer_ids(tokenizer, _SENTINEL, text)
+    probe, whole = encode_prompt(tokenizer, _SENTINEL), encode_prompt(tokenizer, _SENTINEL + text)
     return whole[len(probe) :] if whole[: len(probe)] == probe else None
 
 
@@ -101,10 +86,9 @@ def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -
 
 
 class LabelScorer:
-    """The label set as token sequences, and how to score them. ``method="auto"``: the first-token shortcut where it
-    is exact (every label one token), else full sequences. ``normalize=True`` divides a label's log-prob by its token
-    count. ``complete``: whole answers, each label followed by the end-of-answer marker; None (default) only where a
-    label's tokens start another's, True always, False never (the longer can then never win). Notebook 01, section 2."""
+    """The label set as token sequences, and how to score them: ``method="auto"``, the first-token shortcut where exact
+    (one token each), else full sequences; ``normalize``: per token; ``complete``: whole answers (each label then the
+    end-of-answer marker), by default only where a label's tokens start another's. Notebook 01, section 2."""
 
     def __init__(self, tokenizer, labels: Sequence[str], method="auto", normalize=False, complete: bool | None = None):
         labels = check_labels(labels)
@@ -112,20 +96,14 @@ class LabelScorer:
             raise ValueError(f"unknown scoring method {method!r}: use one of {', '.join(METHODS)}")
         if complete not in (None, True, False):
             raise ValueError(f"complete must be None (when needed), True or False, got {complete!r}")
-        self.labels = labels
-        self.label_ids: list[list[int]] = []  # each label's own tokens, without any end marker
-        for label in labels:
-            ids = answer_tokens(tokenizer, label)  # after a plain prompt's "Category:", with its space
-            if not ids:
-                raise ValueError(f"label {label!r} tokenizes to nothing")
-            self.label_ids.append(ids)
-        seen: dict[tuple[int, ...], str] = {}
-        for label, ids in zip(labels, self.label_ids):
-            if tuple(ids) in seen:
-                raise ValueError(
-                    f"labels {seen[tuple(ids)]!r} and {label!r} are the same tokens: no score can tell them apart"
-                )
-            seen[tuple(ids)] = label
+        # Each label's own tokens, without any end marker (after a plain prompt's "Category:", with its space).
+        self.labels, self.label_ids = labels, [answer_tokens(tokenizer, label) for label in labels]
+        if [] in self.label_ids:
+            raise ValueError(f"label {labels[self.label_ids.index([])]!r} tokenizes to nothing")
+        for j, ids in enumerate(self.label_ids):
+            if ids in self.label_ids[:j]:
+                pair = f"{labels[self.label_ids.index(ids)]!r} and {labels[j]!r}"
+                raise ValueError(f"labels {pair} are the same tokens: no score can tell them apart")
         self.overlaps = extending_pairs(self.label_ids, labels)
         end_text = end_of_answer_text(tokenizer) if complete is not False else None
         self.end_ids = end_of_answer_ids(tokenizer) if end_text is not None else None
@@ -145,37 +123,27 @@ class LabelScorer:
             raise ValueError(f"{why}whole answers are several tokens each: use method='sequence' (or 'auto')")
         self.complete = bool(complete)
         self.end_ids = self.end_ids if self.complete else []
-        # What is scored per label: its tokens, and with whole answers the label and the marker tokenized together, as
-        # the template renders the answer.
-        self.token_ids: list[list[int]] = [
-            answer_ids(tokenizer, label, end_text) if self.complete else ids
-            for label, ids in zip(labels, self.label_ids)
-        ]
+        # What is scored per label: its tokens; with whole answers the label and the marker tokenized together, as the
+        # template renders the answer (a space before the marker, as Llama 2 writes it, merges as it does there).
+        self.token_ids = self.label_ids
+        if self.complete:
+            self.token_ids = [encode_prompt(tokenizer, label + end_text) for label in labels]
         self.first_ids = [ids[0] for ids in self.token_ids]
-        single = all(len(ids) == 1 for ids in self.token_ids)
         if method == "auto":
-            method = "first_token" if single else "sequence"
+            method = "first_token" if all(len(ids) == 1 for ids in self.token_ids) else "sequence"
         if method == "first_token" and len(set(self.first_ids)) < len(labels):
             clash = [lab for lab, first in zip(labels, self.first_ids) if self.first_ids.count(first) > 1]
             raise ValueError(f"labels {', '.join(map(repr, clash))} share their first token: use method='sequence'")
-        self.method = method
-        self.normalize = normalize
+        self.method, self.normalize = method, normalize
         self.lengths = torch.tensor([len(ids) for ids in self.token_ids])
-        # The multi-token labels' continuations, appended after every row in the prompt's own forward pass:
-        # label tokens t1..t(k-1) are inputs that predict t2..tk. Several labels form a tree (branches that all
-        # attend to the row, never to each other); one label is a plain append.
+        # Multi-token labels' continuations, appended to every row in its own forward: tokens t1..t(k-1) predict t2..tk;
+        # several labels form a tree of branches that see the row, never each other.
         self.multi = [i for i, ids in enumerate(self.token_ids) if len(ids) > 1]
-        tail, targets, label_of, offsets = [], [], [], []
-        for i in self.multi if method == "sequence" else []:
-            ids = self.token_ids[i]
-            tail += ids[:-1]
-            targets += ids[1:]
-            label_of += [i] * (len(ids) - 1)
-            offsets += range(len(ids) - 1)
-        self.tail = tail
-        self.tail_targets = torch.tensor(targets, dtype=torch.long)
-        self.tail_label = torch.tensor(label_of, dtype=torch.long)
-        self.tail_offsets = torch.tensor(offsets, dtype=torch.long)
+        branches = [(i, self.token_ids[i]) for i in self.multi] if method == "sequence" else []
+        self.tail = [token for _, ids in branches for token in ids[:-1]]
+        self.tail_targets = torch.tensor([token for _, ids in branches for token in ids[1:]], dtype=torch.long)
+        self.tail_label = torch.tensor([i for i, ids in branches for _ in ids[1:]], dtype=torch.long)
+        self.tail_offsets = torch.tensor([k for _, ids in branches for k in range(len(ids) - 1)], dtype=torch.long)
 
     @property
     def is_tree(self) -> bool:
@@ -183,28 +151,21 @@ class LabelScorer:
         return self.method == "sequence" and len(self.multi) > 1
 
     def batch_inputs(self, rows: Sequence[Sequence[int]], pad_id: int, past_length: int = 0):
-        """What one forward pass gets: the rows left-padded with the label tails appended (``input_ids``, ``mask``),
-        and position ids that count real tokens only, from ``past_length`` (a cached prefix) on, each label branch
-        restarting right after its row's last token. Notebook 03, section 5."""
-        tail = len(self.tail)
+        """One forward pass's inputs: the rows left-padded with the label tails appended (``input_ids``, ``mask``), and
+        position ids counting real tokens only, from ``past_length`` (a cached prefix) on. Notebook 03, section 5."""
         input_ids, mask = pad_left([[*row, *self.tail] for row in rows], pad_id)
         positions = past_length + (mask.cumsum(-1) - 1).clamp(min=0)
-        if tail:
-            width = input_ids.shape[1]
-            last = positions[:, width - tail - 1]
-            positions[:, width - tail :] = last[:, None] + 1 + self.tail_offsets
+        if tail := len(self.tail):  # each label branch restarts right after its row's last token
+            positions[:, -tail:] = positions[:, -tail - 1, None] + 1 + self.tail_offsets
         return input_ids, mask, positions
 
     def visible_keys(self, mask: torch.Tensor, past_length: int = 0) -> torch.Tensor:
-        """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real
-        tokens causally; among the label tail, only the query's own branch. Padding is seen by nothing. Notebook
-        03, section 5."""
+        """Which keys each query may see, (rows, width, past + width) booleans: the prefix always; the row's real tokens
+        causally; among the label tail, only the query's own branch; padding, nothing. Notebook 03, section 5."""
         batch, width = mask.shape
-        tail = len(self.tail)
         allowed = torch.ones((width, width), dtype=torch.bool).tril() & mask.bool()[:, None, :]
-        if tail:
-            branch = self.tail_label
-            allowed[:, width - tail :, width - tail :] &= branch[:, None] == branch[None, :]
+        if tail := len(self.tail):
+            allowed[:, -tail:, -tail:] &= self.tail_label[:, None] == self.tail_label[None, :]
         return torch.cat([torch.ones((batch, width, past_length), dtype=torch.bool), allowed], dim=-1)
 
     def describe(self) -> str:
@@ -255,8 +216,7 @@ class LabelScores:
 
     @property
     def margins(self) -> torch.Tensor:
-        """Per row, how far the best label's log-score is ahead of the second best (there are always two): where it is
-        small, rounding can order the two either way. Notebook 05, section 2."""
+        """Per row, the top label's lead on the next; where small, rounding may swap them. Notebook 05, section 2."""
         top = self.calibrated.topk(2, dim=-1).values
         return top[:, 0] - top[:, 1]
 
@@ -273,8 +233,7 @@ class LabelScores:
         return len(self.log_scores)
 
     def __getitem__(self, rows) -> LabelScores:
-        """The scores of some rows, in the order given: ``scores[:2]`` (the first two tickets, to check against the
-        loop) or ``scores[[4, 0]]``. A single row is a one-row ``LabelScores`` too: ``scores[[i]]``."""
+        """Some rows' scores, in the order given: ``scores[:2]`` or ``scores[[4, 0]]``; one row is ``scores[[i]]``."""
         if isinstance(rows, (int, np.integer)):
             raise TypeError(f"index LabelScores with a slice or a list of rows (scores[[{rows}]]), not one number")
         index = rows if isinstance(rows, slice) else torch.as_tensor(np.asarray(rows), dtype=torch.long)
@@ -296,9 +255,8 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive 4D mask (rows, 1, width, past + width) of ``LabelScorer.visible_keys``, for several label branches."""
     allowed = scorer.visible_keys(mask, past_length)
-    # A large negative number, not -inf: a padding row that sees nothing then stays finite (and unused). Half the
-    # dtype's minimum: in float16 (min -65504) a score plus the minimum itself would round to -inf, and a row of
-    # -inf is NaN after the softmax.
+    # A large negative number, not -inf: a padding row that sees nothing stays finite. Half the dtype's minimum: in
+    # float16 (min -65504) a score plus the minimum would round to -inf, and a row of -inf is NaN after the softmax.
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min / 2)[:, None]
 
 
@@ -312,28 +270,18 @@ def _check_full_attention(model, span: int) -> None:
 
 
 @torch.inference_mode()
-def label_log_probs(
-    model, scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id: int, prefix=None
-) -> torch.Tensor:
-    """Label log-probs (rows x labels) for token rows (whole prompts, or their tokens after ``prefix``) in one
-    forward pass: rows left-padded, explicit positions as unbatched, the multi-token labels' tokens appended after each
-    row (``scorer.tail``) so the last ``1 + len(tail)`` positions give every label token's log-prob; only those few
-    numbers per row leave the device. Notebook 01, section 3."""
-    device = model.device
-    tail = len(scorer.tail)
-    past_length = prefix.length if prefix is not None else 0
-    input_ids, mask, positions = scorer.batch_inputs(rows, pad_id, past_length)
-    batch, width = input_ids.shape
+def label_log_probs(model, scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id, prefix=None) -> torch.Tensor:
+    """Label log-probs (rows x labels) for token rows (prompts, or their tokens after ``prefix``) in one forward pass,
+    multi-token labels appended (``scorer.tail``): only those numbers leave the device. Notebook 01, section 3."""
+    device, tail, past_length = model.device, len(scorer.tail), prefix.length if prefix is not None else 0
+    ids, mask, positions = scorer.batch_inputs(rows, pad_id, past_length)
+    batch, width = ids.shape
     if scorer.is_tree:
         _check_full_attention(model, past_length + width)
         attention = _tree_mask(mask, scorer, past_length, model.dtype)
-    elif prefix is not None:
+    else:  # the cached prefix, if any, is seen by every row
         attention = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
-    else:
-        attention = mask
-    inputs = dict(
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device)
-    )
+    inputs = dict(input_ids=ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device))
     cache = prefix.cache_for_batch(batch) if prefix is not None else None
     # only the last 1 + tail positions: a (rows x length x vocabulary) logits tensor would be huge
     out = model(**inputs, cache=cache, use_cache=False, logits_to_keep=1 + tail)
@@ -348,9 +296,7 @@ def label_log_probs(
     return scores
 
 
-def score_one_by_one(
-    model, tokenizer, scorer: LabelScorer, prompts, progress=True, desc="one at a time"
-) -> LabelScores:
+def score_one_by_one(model, tokenizer, scorer, prompts, progress=True, desc="one at a time") -> LabelScores:
     """The reference: one forward per ticket, no padding, no cache reuse. Notebook 01, section 2."""
     with Stopwatch(model.device) as clock:
         scores = [
@@ -368,8 +314,7 @@ def score_the_slow_way(model, tokenizer, scorer: LabelScorer, prompts: Sequence[
     summed label log-probs (normalised where the scorer is), one row per prompt. Notebook 01, section 3."""
     rows = []
     for prompt in prompts:
-        prompt_ids = encode_prompt(tokenizer, prompt)
-        scores = []
+        prompt_ids, scores = encode_prompt(tokenizer, prompt), []
         for ids in scorer.token_ids:
             full = torch.tensor([prompt_ids + ids], device=model.device)
             # The token at position p is predicted by the logits at p - 1: keep positions len(prompt) - 1 onwards.

@@ -28,8 +28,7 @@ def one_line(error: BaseException) -> str:
 
 
 def rows_text(rows: Sequence[int], limit: int = 5) -> str:
-    shown = ", ".join(str(r) for r in rows[:limit])
-    more = ", ..." if len(rows) > limit else ""
+    shown, more = ", ".join(str(r) for r in rows[:limit]), ", ..." if len(rows) > limit else ""
     return f"row {shown}" if len(rows) == 1 else f"rows {shown}{more} ({len(rows)} in all)"
 
 

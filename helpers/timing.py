@@ -33,9 +33,7 @@ class Stopwatch:
     """``with Stopwatch(model.device) as clock: ...`` then ``clock.seconds``: wall time of the block, synchronised."""
 
     def __init__(self, device: torch.device | str | None = None):
-        self.device = device
-        self.seconds = float("nan")
-        self._start = 0.0
+        self.device, self.seconds, self._start = device, float("nan"), 0.0
 
     def __enter__(self) -> Stopwatch:
         sync(self.device)
@@ -49,8 +47,7 @@ class Stopwatch:
 
 @dataclass
 class Timing:
-    """Several synchronised runs of one thing: ``median`` is the figure to quote, ``low``-``high`` its spread;
-    ``results``: what each timed run returned (``compare`` keeps them), in order."""
+    """Synchronised runs of one thing: ``median`` to quote, ``low``-``high`` its spread, ``results`` their returns."""
 
     name: str
     seconds: list[float]
@@ -76,9 +73,8 @@ class Timing:
         return min(len(self.seconds), len(other.seconds)) < 2 or overlap((self.low, self.high), (other.low, other.high))
 
     def verdict(self, other: Timing) -> str:
-        """One sentence comparing two timings, naming a winner only when their runs do not overlap: the ratio of the
-        medians, and its range (from the slower's fastest run over the faster's slowest, to its slowest over the
-        faster's fastest)."""
+        """A sentence comparing two timings, a winner named only when their runs do not overlap: the medians' ratio and
+        its range (the slower's fastest run over the faster's slowest, to its slowest over the faster's fastest)."""
         fast, slow = (self, other) if self.median <= other.median else (other, self)
         ratio, pair = slow.median / fast.median, f"{self.name} and {other.name}"
         if min(len(self.seconds), len(other.seconds)) < 2:
@@ -89,12 +85,9 @@ class Timing:
         return f"{fast.name} is {ratio:.2f}x faster than {slow.name} (runs {span}: no overlap)"
 
 
-def compare(
-    calls: dict[str, Callable[[], object]], device=None, repeats: int = 3, warmup: int = 1
-) -> dict[str, Timing]:
-    """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating
-    order (first to last, then last to first), so a machine that speeds up or slows down during the run weighs on
-    every thing alike. Every run is synchronised with ``device``; each ``Timing`` keeps what its runs returned."""
+def compare(calls: dict[str, Callable[[], object]], device=None, repeats=3, warmup=1) -> dict[str, Timing]:
+    """Time several things the same way: each warmed up ``warmup`` times, then ``repeats`` rounds in alternating order,
+    so a machine speeding up or slowing down weighs on each alike; runs synchronised with ``device``."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     if not calls:
@@ -102,8 +95,7 @@ def compare(
     for call in calls.values():
         for _ in range(warmup):
             call()
-    timings = {name: Timing(name, []) for name in calls}
-    names = list(calls)
+    timings, names = {name: Timing(name, []) for name in calls}, list(calls)
     for repeat in range(repeats):
         for name in names if repeat % 2 == 0 else names[::-1]:
             with Stopwatch(device) as clock:

@@ -1,6 +1,7 @@
-"""Every notebook runs top to bottom on a clean kernel at small size, and is stored without outputs."""
+"""Every notebook runs top to bottom at small size, each on a namespace of its own, and is stored without outputs."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -26,11 +27,46 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
-def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = None):
-    """Execute a notebook at its quick scale, its outputs under tmp_path/out; nothing may land in notebooks/."""
+@pytest.fixture(scope="session")
+def kernel():
+    """One Jupyter kernel per test worker for the quick runs. Importing torch and transformers is about 10 s of each
+    quick run's 20-30 s on 2 cores; a kept kernel pays it once. Before each notebook its namespace is cleared
+    (``%reset -f``: a name a notebook uses but does not define fails as on a fresh kernel) and it moves to the
+    notebook's folder. Imported modules stay loaded, so the reference run (``make reference``) and ``make notebooks``
+    are what run each notebook on a fresh kernel."""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(env={**os.environ, "SLM_DEVICE": "cpu"})  # the tests' device (conftest), set before any test
+    yield manager
+    manager.shutdown_kernel(now=True)
+
+
+def reset(manager, folder: Path) -> None:
+    """A kept kernel made ready for the next notebook: restarted if a crash killed it, namespace and figures cleared,
+    working folder moved."""
+    if not manager.is_alive():
+        manager.restart_kernel(now=True)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        move = f"import matplotlib.pyplot, os\nmatplotlib.pyplot.close('all')\nos.chdir({str(folder)!r})"
+        code = f"%reset -f\n{move}\n%reset -f"
+        reply = client.execute_interactive(code, timeout=60, output_hook=lambda message: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+
+
+def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = None, kernel=None):
+    """Execute a notebook at its quick scale, its outputs under tmp_path/out; nothing may land in notebooks/.
+    ``kernel``: a kept kernel (the fixture above), reset first; without one, a fresh kernel."""
     small = {**SMALL, **(extra or {}), "OUTPUT_DIR": str(tmp_path / "out")}
     parameters = {name: value for name, value in small.items() if name in declared}
     before = sorted(NOTEBOOK_DIR.rglob("*"))
+    if kernel is not None:
+        reset(kernel, tmp_path)
     executed = papermill.execute_notebook(
         str(notebook),
         str(tmp_path / notebook.name),
@@ -38,6 +74,7 @@ def run_small(notebook: Path, declared, tmp_path: Path, extra: dict | None = Non
         cwd=str(tmp_path),
         progress_bar=False,
         kernel_name="python3",
+        km=kernel,
     )
     assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{notebook.name} wrote into notebooks/"
     return executed
@@ -215,13 +252,13 @@ def test_a_lesson_imports_few_names_from_helpers(notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_runs_at_small_size(notebook, tmp_path):
+def test_notebook_runs_at_small_size(notebook, tmp_path, kernel):
     """Every lesson runs at its quick scale, and every figure it says it saved is there."""
     declared = papermill.inspect_notebook(str(notebook))
     missing = {"MODEL", "OUTPUT_DIR", "SCALE"} - declared.keys()  # make notebooks passes SCALE
     assert not missing, f"{notebook.name}: parameters cell is missing {sorted(missing)}"
     executed = run_small(
-        notebook, declared, tmp_path, extra=None if notebook.name.startswith("00") else {"MODEL": TWIN}
+        notebook, declared, tmp_path, extra=None if notebook.name.startswith("00") else {"MODEL": TWIN}, kernel=kernel
     )
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     # the figures and tables it says it saved (the machine profile's cache, when 00 measures it, is not an output)
@@ -233,11 +270,11 @@ def test_notebook_runs_at_small_size(notebook, tmp_path):
 
 
 @pytest.mark.parametrize("notebook", SOLUTIONS, ids=lambda path: path.stem)
-def test_solutions_run_at_small_size(notebook, tmp_path):
+def test_solutions_run_at_small_size(notebook, tmp_path, kernel):
     declared = papermill.inspect_notebook(str(notebook))
     missing = {"MODEL", "OUTPUT_DIR", "SCALE"} - declared.keys()  # make notebooks passes SCALE
     assert not missing, f"{notebook.name}: parameters cell is missing {sorted(missing)}"
-    run_small(notebook, declared, tmp_path, extra={"MODEL": TWIN})
+    run_small(notebook, declared, tmp_path, extra={"MODEL": TWIN}, kernel=kernel)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS + SOLUTIONS, ids=lambda path: path.stem)

@@ -155,7 +155,7 @@ def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
     bfloat16 instructions is slow)."""
     model, tokenizer, _ = embedded
     scorer = LabelScorer(tokenizer, LABELS)
-    texts = ["I was charged twice this month", "The app crashes on start", "Change my login email", "Refund please"]
+    texts = ["I was charged twice this month", "The app crashes on start", "Change my login email"]
     prompts = prompts_for(tokenizer, texts)
     reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
     verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=2, strategy="loop")

@@ -115,7 +115,7 @@ def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_p
     assert not resume.progress_files(stopped)
     # The same job's progress is resumed even with --overwrite (a command that replaces an older output keeps it).
     stopped.unlink()
-    stop(source, stopped, options, 1)
+    path.write_bytes(kept)  # the stopped run's progress, as it was
     code, err = classify([str(source), "--output", str(stopped), *options, "--overwrite"], capsys)
     assert code == 0 and "resuming: 4 of 12 rows done" in err, err
 
