@@ -20,16 +20,7 @@ from . import resume, tables
 from .batching import STRATEGIES, NonFiniteScores, score_batched
 from .checks import assert_agrees, tolerance_for
 from .data import build_prompt, encode_prompt, uses_chat_template
-from .precision import (
-    CALIBRATION,
-    calibrate,
-    choose_half,
-    near_ties,
-    rescore,
-    score_verified,
-    settle_job_prior,
-    threshold_for,
-)
+from .precision import calibrate, choose_half, near_ties, rescore, score_verified, settle_job_prior
 from .prefix_cache import PrefixCache
 from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior
 from .profile import machine_profile
@@ -287,7 +278,7 @@ def classify_file(
         fixed = content_free_prior(model, tokenizer, scorer, examples) if prior == "content-free" else None
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
-        shard, rescored, threshold = [], [], None
+        shard, rescored, threshold, phases = [], [], None, {}
         if mine:  # each finished batch lands in this process's progress file before the next runs
             writer = resume.ProgressWriter(output, state.process_index, job)
             bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
@@ -306,21 +297,22 @@ def classify_file(
                 options = dict(strategy=strategy, batch_size=size, token_budget=budget, prefix=prefix, on_batch=landed)
                 if half is None:
                     score_batched(model, tokenizer, scorer, share, progress=False, **options)
-                else:  # the first rows calibrate the bound and land in float32 (helpers.precision)
+                else:  # rows spread over the lengths calibrate the bound and land in float32 (helpers.precision)
                     verified = score_verified(model, tokenizer, scorer, share, half, prior=fixed, **options)
                     rescored, threshold = verified.info["rescored"], verified.info["threshold"]
+                    phases = verified.info["phase_seconds"]
             finally:
                 writer.close()
                 bar.close()
             shard, rescored = [(i, final[j], j in ran_full) for j, i in enumerate(mine)], [mine[j] for j in rescored]
-        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, threshold)
+        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, threshold, phases)
 
     model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, extra = _step(state, score_share)
-    fixed, prefix, threshold = extra
+    fixed, prefix, threshold, phases = extra
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     gather = gather_object if state.num_processes > 1 else list  # one process: its own rows
-    gathered, rescored, thresholds = gather(shard), gather(rescored), gather([threshold])
+    gathered, rescored, thresholds, phases = gather(shard), gather(rescored), gather([threshold]), gather([phases])
     processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
     outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
     outcome.rescored = sorted(i + 1 for i in rescored)
@@ -357,6 +349,9 @@ def classify_file(
         bound = max([t for t in thresholds if t is not None] or [float("nan")])
         rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32 (top two labels closer than"
         tell(f"--dtype auto: {rescored} {bound:.3g}, the calibration's bound, or not finite): every label is float32's")
+        spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
+        summed = f" (summed over {processes} processes)" if processes > 1 else ""
+        tell(f"--dtype auto, where the time went{summed}: {spent}")
     elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(info.dtype).atol
         ties = len(near_ties(scores, atol))
@@ -374,15 +369,14 @@ def classify_file(
 
 def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, resumed: bool):
     """The job prior on a verified run (``settle_job_prior``), on rank 0: under the processes' largest threshold and,
-    where rows were resumed (scored against an earlier bound) or none was scored, one measured now on the first rows."""
+    where rows were resumed (scored against an earlier bound) or none was scored, one measured now (``calibrate``)."""
     strategy, size, budget = plan
     options = dict(strategy=strategy, batch_size=size, token_budget=budget, progress=False)
     known, exact, log_scores = [t for t in thresholds if t is not None], set(rescored), scores.log_scores.clone()
     if resumed or not known:
-        k = min(CALIBRATION, len(prompts))
-        first, error, _ = calibrate(model, tokenizer, scorer, prompts[:k], half, prefix, **options)
-        known.append(threshold_for(error))
-        log_scores[:k], exact = first.log_scores, exact | set(range(k))
+        rows, first, _, bound, _ = calibrate(model, tokenizer, scorer, prompts, half, prefix, **options)
+        known.append(bound)
+        log_scores[rows], exact = first.log_scores, exact | set(rows)
 
     def rows_in_float32(rows):
         return rescore(model, tokenizer, scorer, [prompts[i] for i in rows], prefix, **options).log_scores

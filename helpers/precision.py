@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import torch
 
 from .batching import NonFiniteScores, score_batched
+from .data import encode_prompts
 from .prior import Prior, calibrated, job_prior
 from .scoring import LabelScores
 
@@ -52,8 +53,8 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
 
 def threshold_for(error: float, safety: float = SAFETY, floor: float = 0.0) -> float:
     """The rescoring threshold: the calibration's largest margin error times ``safety``, at least ``floor`` (a sample
-    that measured no error does not prove there is none: ``score_verified`` floors it at the dtype's rounding step at
-    the scores' scale). Notebook 05, section 3."""
+    that measured no error does not prove there is none: ``calibrate`` floors it at ``rounding_step``). Notebook 05,
+    section 3."""
     if error < 0 or safety < 1:
         raise ValueError(f"need a margin error >= 0 and a safety factor >= 1, got {error} and {safety}")
     return max(error * safety, floor)
@@ -112,13 +113,32 @@ def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScor
         return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
 
 
-def calibrate(model, tokenizer, scorer, prompts, dtype: str, prefix=None, on_batch=None, **plan):
-    """``prompts`` scored in float32 (``on_batch`` gets those batches) and in ``dtype``: (the float32 scores, the
-    largest margin error between the two, seconds). Notebook 05, section 2."""
-    first = rescore(model, tokenizer, scorer, prompts, prefix, on_batch=on_batch, **plan)
+def rounding_step(scores: LabelScores, dtype: str) -> float:
+    """One rounding step of ``dtype`` at the scale of the scores a label reads (each row's top two): the least threshold
+    ``calibrate`` gives, since a sample that measured no error does not prove there is none. Notebook 05, section 2."""
+    return torch.finfo(getattr(torch, dtype)).eps * float(scores.log_scores.topk(2, dim=-1).values.abs().max())
+
+
+def calibration_rows(tokenizer, prompts, k: int) -> list[int]:
+    """``k`` of ``prompts`` spread evenly over their order by token length, the shortest and the longest among them: a
+    sample like the job in any row order (a file sorted by length, date or customer). Notebook 05, section 2."""
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return sorted(order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(min(k, len(order))))
+
+
+def calibrate(model, tokenizer, scorer, prompts, dtype, prefix=None, on_batch=None, k=None, safety=SAFETY, **plan):
+    """The bound: ``k`` of ``prompts`` (``calibration_rows``; default ``CALIBRATION``) scored in float32 (``on_batch``
+    gets those batches, at input positions) and in ``dtype``. Returns (those rows, their float32 scores, the largest
+    margin error, the threshold, seconds): the error times ``safety``, at least ``rounding_step``. Notebook 05,
+    section 2."""
+    rows = calibration_rows(tokenizer, prompts, CALIBRATION if k is None else k)
+    chosen, relay = [prompts[i] for i in rows], on_batch and (lambda j, *batch: on_batch([rows[i] for i in j], *batch))
+    first = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=relay, **plan)
     with mixed_precision(model, dtype):
-        in_half = score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
-    return first, margin_error(in_half, first), first.info["seconds"] + in_half.info["seconds"]
+        in_half = score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **_few(plan, len(chosen)))
+    error, seconds = margin_error(in_half, first), first.info["seconds"] + in_half.info["seconds"]
+    return rows, first, error, threshold_for(error, safety, rounding_step(first, dtype)), seconds
 
 
 def score_verified(
@@ -136,13 +156,14 @@ def score_verified(
     **plan,
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05, section
-    3. ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision``. The first ``calibration`` prompts
-    (default ``CALIBRATION``) are scored in float32 (keeping those scores) and in ``dtype``; the threshold is their
-    largest margin error times ``safety`` (or ``threshold``); the rest are scored in ``dtype``, each row under the
-    threshold rescored in float32, its margin read after ``prior`` if given (a shift per label changes which rows are
-    close). ``plan``: ``score_batched``'s, for the half-precision pass (``_few`` plans the rest); ``prefix``: the
-    float32 ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``,
-    ``rescored`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds``."""
+    3. ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision``. ``calibration`` prompts spread over
+    the length order (``calibrate``; default ``CALIBRATION``) set the threshold (or ``threshold`` as given) and keep
+    their float32 scores; the rest are scored in ``dtype``, each row under the threshold (its margin read after
+    ``prior`` if given: a shift per label changes which rows are close) or not finite rescored in float32. ``plan``:
+    ``score_batched``'s, for the half-precision pass (``_few`` plans the rest); ``prefix``: the float32
+    ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``,
+    ``rescored`` and ``non_finite`` (input positions), ``calibration``, ``seconds``, ``items_per_s``,
+    ``phase_seconds``."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -150,36 +171,36 @@ def score_verified(
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
     log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
     shift = None if prior is None else prior.for_labels(scorer.labels)
-    error, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
+    error, phases, sample = None, {}, []  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
-        first, error, phases["calibration"] = calibrate(
-            model, tokenizer, scorer, prompts[:k], dtype, prefix, on_batch=on_batch, **plan
+        sample, first, error, bound, phases["calibration"] = calibrate(
+            model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, **plan
         )
-        log_scores[:k] = first.log_scores
-        floor = torch.finfo(getattr(torch, dtype)).eps * float(first.log_scores.abs().max())  # one rounding step
-        threshold = threshold_for(error, safety, floor) if threshold is None else threshold
+        log_scores[sample] = first.log_scores
+        threshold = bound if threshold is None else threshold
+    rest = [i for i in range(len(prompts)) if i not in set(sample)]  # the half pass's rows, in input order
     rescored, broken = [], []  # near ties and non-finite rows, input positions: rescored together at the end
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
         bad = (~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist()  # overflowed in half: float32's instead
-        broken.extend(k + items[j] for j in bad)
+        broken.extend(rest[items[j]] for j in bad)
         near = set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold)) | set(bad)
         sure = [j for j in range(len(items)) if j not in near]
-        rescored.extend(k + items[j] for j in sorted(near))
+        rescored.extend(rest[items[j]] for j in sorted(near))
         if sure:
-            log_scores[[k + items[j] for j in sure]] = scores[sure]
+            log_scores[[rest[items[j]] for j in sure]] = scores[sure]
             if on_batch is not None:
-                on_batch([k + items[j] for j in sure], scores[sure], was_full)
+                on_batch([rest[items[j]] for j in sure], scores[sure], was_full)
 
     def landed(items, scores, was_full):  # a float32 batch of near ties
         log_scores[[rescored[j] for j in items]] = scores
         if on_batch is not None:
             on_batch([rescored[j] for j in items], scores, was_full)
 
-    if k < len(prompts):
+    if rest:
         began = time.perf_counter()
         with mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):  # its rows: in ``broken``
-            score_batched(model, tokenizer, scorer, prompts[k:], prefix=prefix, on_batch=checked, **plan)
+            score_batched(model, tokenizer, scorer, [prompts[i] for i in rest], prefix=prefix, on_batch=checked, **plan)
         phases["half"] = time.perf_counter() - began
     if rescored:
         chosen = [prompts[i] for i in rescored]

@@ -619,6 +619,7 @@ def test_dtype_auto_verifies_half_precision_where_it_is_fast_and_stays_float32_e
         assert "--dtype auto: bfloat16 (its matmul runs at 8.0x float32's here), matmuls only, verified" in err, err
         assert re.search(r"--dtype auto: \d+ of 24 rows rescored in float32 .*every label is float32's", err), err
         assert "bfloat16 verified in float32" in err
+        assert re.search(r"--dtype auto, where the time went: calibration [\d.]+ s, half [\d.]+ s, rescore", err), err
     else:
         assert "--dtype auto: float32 (half precision is not 1.5x faster here: matmul bfloat16 0.02x)" in err, err
         assert "rescored" not in err

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from helpers.batching import score_batched
-from helpers.data import LABELS, build_prompt
+from helpers.data import LABELS, build_prompt, encode_prompts
 from helpers.precision import (
     FEW_PER_BATCH,
     batch_for_few,
+    calibration_rows,
     half_copy,
     margin_error,
     mixed_precision,
@@ -83,24 +84,27 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     info = verified.info
     assert info["calibration"] == 6 and info["threshold"] >= threshold_for(info["margin_error"]) > 0
     # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches; the
-    # calibration's few rows in smaller ones)
+    # calibration's few rows, spread over the length order, in smaller ones)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+    sample = calibration_rows(tokenizer, prompts, 6)
+    assert {lengths[i] for i in sample} >= {min(lengths), max(lengths)}, "the shortest and the longest calibrate"
+    rest = [i for i in range(len(prompts)) if i not in sample]
     assert batch_for_few(6, 8) < 8
     with mixed_precision(model, dtype):
-        calibration = score_batched(
-            model, tokenizer, scorer, prompts[:6], "sorted", batch_for_few(6, 8), progress=False
-        )
-        rest = score_batched(model, tokenizer, scorer, prompts[6:], "sorted", 8, progress=False)
-    assert margin_error(rest, reference[6:]) > 0, "the block ran the model in half precision"
-    assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[:6]), abs=1e-4)
-    # the calibration rows keep float32's scores; after them, exactly the near ties were rescored, to float32's
-    assert torch.allclose(verified.log_scores[:6], reference.log_scores[:6], atol=1e-4)
+        chosen = [prompts[i] for i in sample]
+        calibration = score_batched(model, tokenizer, scorer, chosen, "sorted", batch_for_few(6, 8), progress=False)
+        half = score_batched(model, tokenizer, scorer, [prompts[i] for i in rest], "sorted", 8, progress=False)
+    assert margin_error(half, reference[rest]) > 0, "the block ran the model in half precision"
+    assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[sample]), abs=1e-4)
+    # the calibration rows keep float32's scores; of the rest, exactly the near ties were rescored, to float32's
+    assert torch.allclose(verified.log_scores[sample], reference.log_scores[sample], atol=1e-4)
     rescored = info["rescored"]
-    assert rescored == [6 + i for i in near_ties(rest, info["threshold"])]
+    assert rescored == sorted(rest[j] for j in near_ties(half, info["threshold"]))
     assert torch.allclose(verified.log_scores[rescored], reference.log_scores[rescored], atol=1e-4)
-    kept = [i - 6 for i in range(6, len(prompts)) if i not in rescored]
-    assert torch.equal(verified.log_scores[[6 + i for i in kept]], rest.log_scores[kept])
+    kept = [j for j, i in enumerate(rest) if i not in rescored]
+    assert torch.equal(verified.log_scores[[rest[j] for j in kept]], half.log_scores[kept])
     everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), strategy="loop")
-    assert everything.info["rescored"] == list(range(everything.info["calibration"], len(prompts)))
+    assert len(everything.info["rescored"]) == len(prompts) - everything.info["calibration"]
     assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
     landed = []
     nothing = score_verified(
@@ -203,9 +207,10 @@ def test_a_calibration_that_measures_no_error_still_rescores_under_one_rounding_
     reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
     monkeypatch.setattr(precision, "margin_error", lambda half, full: 0.0)
     verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=4, strategy="sorted")
-    step = torch.finfo(torch.bfloat16).eps * reference.log_scores[:4].abs().max().item()
+    sample = calibration_rows(tokenizer, prompts, 4)
+    step = torch.finfo(torch.bfloat16).eps * reference.log_scores[sample].topk(2, dim=-1).values.abs().max().item()
     assert verified.info["margin_error"] == 0.0 and verified.info["threshold"] == pytest.approx(step, rel=1e-3)
-    kept = [i for i in range(4, len(prompts)) if i not in verified.info["rescored"]]  # half scores, not near ties
+    kept = [i for i in range(len(prompts)) if i not in verified.info["rescored"] + sample]  # half scores, no near tie
     assert (verified.margins[kept] >= step).all()
     assert verified.predictions == reference.predictions
 
@@ -275,3 +280,22 @@ def test_a_row_no_pass_filled_stops_the_run_instead_of_holding_garbage(tiny_qwen
     monkeypatch.setattr(precision, "score_batched", losing)
     with pytest.raises(RuntimeError, match=r"rows \[.*\] got no scores"):
         score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=2, strategy="sorted", batch_size=2)
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_a_job_sorted_by_length_calibrates_on_its_whole_range_and_keeps_every_label(tiny_qwen, few_shot, order):
+    """A file sorted short to long (or long to short) calibrates on rows like the rest, not on its first ones, and
+    every label is float32's; a random model's close labels give it near ties to rescore."""
+    from helpers.data import make_tickets
+
+    model, tokenizer, _ = tiny_qwen
+    scorer = LabelScorer(tokenizer, LABELS)
+    prompts = prompts_for(tokenizer, make_tickets(40, seed=3, style="varied")["text"], few_shot[:1])
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+    prompts = [p for _, p in sorted(zip(lengths, prompts), key=lambda pair: pair[0], reverse=order == "descending")]
+    sample = calibration_rows(tokenizer, prompts, 8)
+    assert sample[0] == 0 and sample[-1] == len(prompts) - 1 and len(set(sample)) == 8, "both ends and between"
+    reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=8, strategy="sorted")
+    assert verified.predictions == reference.predictions
+    assert len(verified.info["rescored"]) >= 3, "near ties were there to rescore"

@@ -105,8 +105,8 @@ def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_i
 
 
 def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tiny_qwen, tickets):
-    """Every row read back from progress files: no process calibrated, so the bound is measured on the first rows,
-    and the half-precision scores settle to float32's labels under the final prior."""
+    """Every row read back from progress files: no process calibrated, so the bound is measured now (on rows spread over
+    the length order), and the half-precision scores settle to float32's labels under the final prior."""
     from helpers.classify import _settle
     from helpers.precision import mixed_precision
 
