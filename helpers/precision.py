@@ -178,7 +178,7 @@ def score_verified(
         )
         log_scores[sample] = first.log_scores
         threshold = bound if threshold is None else threshold
-    rest = [i for i in range(len(prompts)) if i not in set(sample)]  # the half pass's rows, in input order
+    rest = sorted(set(range(len(prompts))) - set(sample))  # the half pass's rows, in input order
     rescored, broken = [], []  # near ties and non-finite rows, input positions: rescored together at the end
 
     def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
