@@ -22,7 +22,6 @@ def _csv_list(kind):
 
 
 def _add_common(parser, run, model_help: str, quiet_help: str) -> None:
-    """--model, --device and --quiet, which bench and classify share."""
     from .models import DEVICES
 
     parser.set_defaults(run=run)
@@ -68,10 +67,8 @@ def run_bench(args) -> int:
     print(f"{first.model} · {first.device} · {first.threads} threads · {first.machine} · {shots}{random}")
     picked = "every block" if args.every == 1 else f"the middle block of every {args.every}"
     scaled = "each block's seconds scaled by its stratum's padded tokens over its own"
-    print(
-        f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), {scaled}; agreement: against the "
-        f"{args.dtypes[0]} loop"
-    )
+    agreement = f"agreement: against the {args.dtypes[0]} loop"
+    print(f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), {scaled}; {agreement}")
     print(frame[[c for c in COLUMNS.split() if c in frame]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for line in frame.attrs["failed"]:
         print(f"not measured: {line}")
@@ -118,7 +115,6 @@ def add_classify_parser(commands) -> None:
 
 
 def _process_group():
-    """torch.distributed where a data-parallel run's process group is up, else None."""
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -135,7 +131,6 @@ def run_classify(args) -> int:
 
 
 def run_check(args) -> int:
-    """Versions, device, and every requirement with its fix; exit status 1 on a hard problem."""
     from .environment import EnvironmentProblem, check_environment
 
     try:

@@ -7,7 +7,7 @@ blows memory. Results always return to their input slots."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -101,11 +101,14 @@ def score_batched(
     progress: bool = True,
     unclean: str = "full",
     on_batch=None,
+    first: Collection[int] = (),
 ) -> LabelScores:
     """Label scores for every prompt, in input order, timing and padding in ``.info``. With ``prefix`` (a
     ``PrefixCache``) only each prompt's tokens after it run; a prompt not token-clean there runs in full
     (``unclean="full"``, listed in ``.info["full_prompt_items"]``) or stops the run (``"raise"``), as one not starting
-    with it does. ``on_batch(items, log_scores, full)``: called as each batch finishes. Notebook 03, section 2."""
+    with it does. ``on_batch(items, log_scores, full)``: called as each batch finishes; the batches holding an item of
+    ``first`` run before the others (the verified path's calibration sample, in the job's own batches). Notebook 03,
+    section 2."""
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
     if unclean not in ("full", "raise"):
@@ -128,25 +131,28 @@ def score_batched(
     # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
     groups = [(list(group), list(group.values()), cache) for group, cache in ((cached, prefix), (full, None)) if group]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
-    passes: list[tuple[int, int, int]] = []  # (rows, padded width, cached prefix length) of every forward pass
     ran: list[list[int]] = []  # every batch's input positions, in the order the batches ran
     batch_seconds: list[float] = []  # and each one's seconds (its scores' copy to the host waits for the device)
+    planned = []  # (input positions, their rows, cache, shape) of every batch, in the order they run
+    for items, rows, cache in groups:
+        lengths, past = [len(row) for row in rows], cache.length if cache is not None else 0
+        # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
+        batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=len(scorer.tail) + past)
+        # shapes: (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
+        shapes = [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
+        planned += [([items[j] for j in b], [rows[j] for j in b], cache, shape) for b, shape in zip(batches, shapes)]
+    planned.sort(key=lambda batch: set(first).isdisjoint(batch[0]))  # stable: otherwise the plan's order
+    passes = [shape for *_, shape in planned]  # every forward pass's shape, in the order they run
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
-        for items, rows, cache in groups:
-            lengths, past = [len(row) for row in rows], cache.length if cache is not None else 0
-            # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
-            batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=len(scorer.tail) + past)
-            # (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
-            passes += [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
-            for batch in batches:
-                slots, began = [items[j] for j in batch], time.perf_counter()
-                # Scores go back to their input slots: batches run in sorted order.
-                scores[slots] = label_log_probs(model, scorer, [rows[j] for j in batch], tokenizer.pad_token_id, cache)
-                batch_seconds.append(time.perf_counter() - began)
-                ran.append(slots)
-                if on_batch is not None:
-                    on_batch(slots, scores[slots], cache is None and prefix is not None)
-                bar.update(len(batch))
+        for slots, rows, cache, _ in planned:
+            began = time.perf_counter()
+            # Scores go back to their input slots: batches run in sorted order.
+            scores[slots] = label_log_probs(model, scorer, rows, tokenizer.pad_token_id, cache)
+            batch_seconds.append(time.perf_counter() - began)
+            ran.append(slots)
+            if on_batch is not None:
+                on_batch(slots, scores[slots], cache is None and prefix is not None)
+            bar.update(len(slots))
     sync(model.device)
     seconds = time.perf_counter() - start
     if torch.isnan(scores).any():

@@ -89,7 +89,6 @@ class Row:
 
     @property
     def strategy(self) -> str:
-        """How it forms batches: ``score_batched``'s strategy."""
         return STRATEGIES[self.name][0]
 
     @property
@@ -98,7 +97,6 @@ class Row:
 
     @property
     def sample(self) -> list[int]:
-        """Every timed ticket, block after block."""
         return [i for chunk in self.blocks for i in chunk]
 
     def estimate(self, block_seconds: Sequence[float]) -> float:
@@ -112,12 +110,10 @@ class Row:
 
     @property
     def items_per_s(self) -> float:
-        """The whole plan's tickets per second, from the median repeat."""
         return self.n / statistics.median(self.seconds)
 
     @property
     def spread(self) -> tuple[float, float]:
-        """Tickets per second of the slowest and the fastest repeat."""
         return self.n / max(self.seconds), self.n / min(self.seconds)
 
     @property

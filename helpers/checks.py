@@ -69,15 +69,11 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_A
     differs = np.flatnonzero(differs & ~(reference.margins < tie).numpy())
     if len(differs):
         i = differs[0]
-        raise AssertionError(
-            f"{len(differs)} of {len(reference)} predictions differ; first: {name(i)} "
-            f"{reference.predictions[i]!r} (reference) vs {candidate.predictions[i]!r}"
-        )
+        first = f"{name(i)} {reference.predictions[i]!r} (reference) vs {candidate.predictions[i]!r}"
+        raise AssertionError(f"{len(differs)} of {len(reference)} predictions differ; first: {first}")
     if not stats["max_abs_diff"] <= atol:  # written this way so NaN fails too
-        worst = (reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item()
-        raise AssertionError(
-            f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: {name(worst)})"
-        )
+        worst = name((reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item())
+        raise AssertionError(f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: {worst})")
     return stats
 
 

@@ -45,7 +45,6 @@ class ProcessFailure(RuntimeError):
 
 def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
     """(prompts, rows cut): a prompt too long for the model is an error, or cut at the head with ``truncate``."""
-    # Room for the longest label (with its end-of-answer marker when whole answers are scored).
     label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
     overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
     budget = max_tokens - label_room - overhead
@@ -223,7 +222,7 @@ def classify_file(
 
     checked_labels, output, table, examples = _step(state, check)
     prior = prior or (PRIOR if len(table) >= JOB_PRIOR_MIN_ROWS else "content-free")  # the default, by job size
-    plan = ("token_budget" if token_budget else strategy, batch_size, token_budget)
+    plan = dict(strategy="token_budget" if token_budget else strategy, batch_size=batch_size, token_budget=token_budget)
 
     def label_scorer():  # before the model loads: labels only whole answers tell apart may stop here, in one line
         tokenizer = load_tokenizer(model_name)
@@ -257,9 +256,8 @@ def classify_file(
 
     def score_share():
         # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
-        wanted_dtype = "float32" if auto else dtype
         model, tokenizer, info = load_model(
-            model_name, dtype=wanted_dtype, device=run_device, verbose=main, tokenizer=first_tokenizer
+            model_name, dtype="float32" if auto else dtype, device=run_device, verbose=main, tokenizer=first_tokenizer
         )
         half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
         if auto:
@@ -278,7 +276,7 @@ def classify_file(
         fixed = content_free_prior(model, tokenizer, scorer, examples) if prior == "content-free" else None
         with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
             mine = list(mine)
-        shard, rescored, threshold, phases = [], [], None, {}
+        shard, rescored, run = [], [], {}  # run: the verified path's threshold, calibration rows and phase seconds
         if mine:  # each finished batch lands in this process's progress file before the next runs
             writer = resume.ProgressWriter(output, state.process_index, job)
             bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
@@ -293,26 +291,26 @@ def classify_file(
                 bar.update(len(items))
 
             try:
-                share, (strategy, size, budget) = [prompts[i] for i in mine], plan
-                options = dict(strategy=strategy, batch_size=size, token_budget=budget, prefix=prefix, on_batch=landed)
+                share, options = [prompts[i] for i in mine], dict(plan, prefix=prefix, on_batch=landed)
                 if half is None:
                     score_batched(model, tokenizer, scorer, share, progress=False, **options)
                 else:  # rows spread over the lengths calibrate the bound and land in float32 (helpers.precision)
                     verified = score_verified(model, tokenizer, scorer, share, half, prior=fixed, **options)
-                    rescored, threshold = verified.info["rescored"], verified.info["threshold"]
-                    phases = verified.info["phase_seconds"]
+                    rescored = verified.info["rescored"]
+                    run = {key: verified.info[key] for key in ("threshold", "calibration", "phase_seconds")}
             finally:
                 writer.close()
                 bar.close()
             shard, rescored = [(i, final[j], j in ran_full) for j, i in enumerate(mine)], [mine[j] for j in rescored]
-        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, threshold, phases)
+        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, run)
 
-    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, extra = _step(state, score_share)
-    fixed, prefix, threshold, phases = extra
+    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, run) = _step(
+        state, score_share
+    )
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     gather = gather_object if state.num_processes > 1 else list  # one process: its own rows
-    gathered, rescored, thresholds, phases = gather(shard), gather(rescored), gather([threshold]), gather([phases])
+    gathered, rescored, runs = gather(shard), gather(rescored), [run for run in gather([run]) if run]
     processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
     outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
     outcome.rescored = sorted(i + 1 for i in rescored)
@@ -327,8 +325,8 @@ def classify_file(
     outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
     scores = LabelScores(checked_labels, log_scores)
     if prior == "job" and half:  # its labels float32's under the prior they end with (helpers.precision)
-        scores, fixed, added = _settle(
-            model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, bool(done)
+        scores, fixed, added, runs = _settle(
+            model, tokenizer, scorer, prompts, scores, half, prefix, plan, runs, rescored, bool(done)
         )
         outcome.rescored = sorted({*outcome.rescored, *(i + 1 for i in added)})
     elif prior == "job":
@@ -346,9 +344,13 @@ def classify_file(
         tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
     outcome.predictions = scores.predictions
     if half:
-        bound = max([t for t in thresholds if t is not None] or [float("nan")])
-        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32 (top two labels closer than"
-        tell(f"--dtype auto: {rescored} {bound:.3g}, the calibration's bound, or not finite): every label is float32's")
+        bound = "every row resumed, each under the bound of the run that scored it"
+        if runs:  # the largest of the processes' thresholds (and _settle's)
+            bound = f"top two labels closer than {max(run['threshold'] for run in runs):.3g}, the bound calibrated on "
+            bound += f"{sum(run['calibration'] for run in runs)} rows spread over the length order, or not finite"
+        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32"
+        tell(f"--dtype auto: {rescored} ({bound}): every label is float32's")
+        phases = [run["phase_seconds"] for run in runs]
         spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
         summed = f" (summed over {processes} processes)" if processes > 1 else ""
         tell(f"--dtype auto, where the time went{summed}: {spent}")
@@ -367,18 +369,18 @@ def classify_file(
     return outcome
 
 
-def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, thresholds, rescored, resumed: bool):
+def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, runs, rescored, resumed: bool):
     """The job prior on a verified run (``settle_job_prior``), on rank 0: under the processes' largest threshold and,
-    where rows were resumed (scored against an earlier bound) or none was scored, one measured now (``calibrate``)."""
-    strategy, size, budget = plan
-    options = dict(strategy=strategy, batch_size=size, token_budget=budget, progress=False)
-    known, exact, log_scores = [t for t in thresholds if t is not None], set(rescored), scores.log_scores.clone()
-    if resumed or not known:
-        rows, first, _, bound, _ = calibrate(model, tokenizer, scorer, prompts, half, prefix, **options)
-        known.append(bound)
+    where rows were resumed (scored against an earlier bound) or none was scored, one measured now (``calibrate``,
+    added to ``runs``). Returns settle_job_prior's (scores, prior, rows rescored), and the runs."""
+    options, exact, log_scores = dict(plan, progress=False), set(rescored), scores.log_scores.clone()
+    if resumed or not runs:
+        rows, first, _, bound, seconds = calibrate(model, tokenizer, scorer, prompts, half, prefix, **options)
+        runs = [*runs, dict(threshold=bound, calibration=len(rows), phase_seconds=dict(calibration=seconds))]
         log_scores[rows], exact = first.log_scores, exact | set(rows)
 
     def rows_in_float32(rows):
         return rescore(model, tokenizer, scorer, [prompts[i] for i in rows], prefix, **options).log_scores
 
-    return settle_job_prior(LabelScores(scores.labels, log_scores), exact, max(known), rows_in_float32)
+    bound = max(run["threshold"] for run in runs)
+    return *settle_job_prior(LabelScores(scores.labels, log_scores), exact, bound, rows_in_float32), runs

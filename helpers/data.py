@@ -20,6 +20,8 @@ LABEL_DESCRIPTIONS = {
     "account": "profile, email address, users, access, changing or deleting the account",
 }
 USER_TEMPLATE = "Ticket: {ticket}\nCategory:"
+# A plain prompt's answers follow "Category:" after a space, as lm-evaluation-harness's target_delimiter puts them.
+PLAIN_DELIMITER = " "
 
 # --- the article generator: one base sentence per label, in rotation (ticket i has label i mod 3) ---
 ARTICLE_BASES = {
@@ -104,6 +106,22 @@ VARIED_FILLERS = [
     "Kind regards and thanks for your patience.",
 ]
 
+# Few-shot examples: written separately from the generators' base tickets, so no test ticket is an example.
+FEW_SHOT_EXAMPLES: list[tuple[str, str]] = [
+    ("I was charged for two licences but we only use one.", "billing"),
+    ("The password reset email never arrives in my inbox.", "technical"),
+    ("Please change the billing contact name on my profile to Anna Berg.", "account"),
+    ("Where can I find the invoice for my March payment?", "billing"),
+    ("The app shows an error code 42 when I try to save a draft.", "technical"),
+    ("I want to add my new work email as the login for my account.", "account"),
+    ("You took the payment twice after I updated my card details.", "billing"),
+    ("Since the update the editor loses my changes when I switch tabs.", "technical"),
+    ("How do I give my assistant access to my account?", "account"),
+    ("My refund was sent to an old card that is no longer active.", "billing"),
+    ("The sync between my phone and my laptop stopped working.", "technical"),
+    ("Please deactivate the second profile I created by mistake.", "account"),
+]
+
 
 def ticket_word_counts(n: int, seed: int = 0) -> np.ndarray:
     """The reference series' target lengths: lognormal around 60 words, clipped to [12, 400]. Notebook 00, section 3."""
@@ -121,8 +139,7 @@ def _varied_ticket(i: int, n_words: int, rng: np.random.Generator) -> tuple[str,
     bases = VARIED_BASES[label]
     words = bases[rng.integers(len(bases))].split()
     # Greet first sometimes, so the label's sentence is not always the first thing the model sees.
-    if rng.random() < 0.3:
-        words = "Hello support team,".split() + words
+    words = ("Hello support team,".split() if rng.random() < 0.3 else []) + words
     while len(words) < n_words:
         filler = VARIED_FILLERS[rng.integers(len(VARIED_FILLERS))]
         words += filler.format(order=f"A-{rng.integers(10000, 99999)}").split()
@@ -145,23 +162,6 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
     texts, labels = zip(*rows)
     frame = pd.DataFrame({"id": np.arange(n), "text": list(texts), "label": list(labels)})
     return frame.assign(n_words=frame["text"].str.split().str.len())
-
-
-# Few-shot examples: written separately from the generators' base tickets, so no test ticket is an example.
-FEW_SHOT_EXAMPLES: list[tuple[str, str]] = [
-    ("I was charged for two licences but we only use one.", "billing"),
-    ("The password reset email never arrives in my inbox.", "technical"),
-    ("Please change the billing contact name on my profile to Anna Berg.", "account"),
-    ("Where can I find the invoice for my March payment?", "billing"),
-    ("The app shows an error code 42 when I try to save a draft.", "technical"),
-    ("I want to add my new work email as the login for my account.", "account"),
-    ("You took the payment twice after I updated my card details.", "billing"),
-    ("Since the update the editor loses my changes when I switch tabs.", "technical"),
-    ("How do I give my assistant access to my account?", "account"),
-    ("My refund was sent to an old card that is no longer active.", "billing"),
-    ("The sync between my phone and my laptop stopped working.", "technical"),
-    ("Please deactivate the second profile I created by mistake.", "account"),
-]
 
 
 def few_shot_examples(k: int) -> list[tuple[str, str]]:
@@ -187,10 +187,6 @@ def build_messages(ticket: str, labels: Sequence[str] = LABELS, examples=(), des
         messages.append({"role": "assistant", "content": label})
     messages.append({"role": "user", "content": USER_TEMPLATE.format(ticket=ticket)})
     return messages
-
-
-# A plain prompt's answers follow "Category:" after a space, as lm-evaluation-harness's target_delimiter puts them.
-PLAIN_DELIMITER = " "
 
 
 def uses_chat_template(tokenizer) -> bool:

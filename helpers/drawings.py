@@ -11,8 +11,6 @@ from .batching import padding_report
 from .plots import finish, set_title
 
 SEGMENT_COLOURS = {"cached prefix": "C0", "padding": "0.85", "ticket": "C1", "label tokens": "C2"}
-
-
 # Ticket tokens are orange in every figure (SEGMENT_COLOURS); neighbouring batches alternate two shades of it.
 BATCH_SHADES = (SEGMENT_COLOURS["ticket"], "#fdbf6f")
 # A legend under the axes: inside them it would cover the longest bar.
@@ -49,10 +47,9 @@ def plot_generate_vs_score(steps, label_probs, info, path="generate_vs_score.png
     right.set(xlim=(0, 1.15), xlabel="probability, softmax over the labels only")
     answer = "".join(steps["token"]) if answer is None else answer
     extra = f" and {scored - prompt} label token(s)" if scored != prompt else ""
-    title = (
-        f"One ticket, both ways through the same {prompt} prompt tokens{extra}: generating took {len(steps)} forward "
-        f"passes and returned text to parse ({answer.strip()!r}); scoring took 1 and returned every label's probability"
-    )
+    generating = f"generating took {len(steps)} forward passes and returned text to parse ({answer.strip()!r})"
+    title = f"One ticket, both ways through the same {prompt} prompt tokens{extra}: {generating}; scoring took 1 and "
+    title += "returned every label's probability"
     fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 12)), fontsize=10)
     return fig, finish(fig, info, path)
 
@@ -88,9 +85,8 @@ def plot_kv_cache(snapshots, info, path="kv_cache.png"):
     kib = 2 * depth * first.shape[1] * first.shape[3] * first.element_size() / 2**10  # per position
     ax.set_yticks(range(len(snapshots)), [name for name, _, _ in snapshots], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, longest * 1.45)
     each = f"a key and a value per layer, {first.shape[1]} heads x {first.shape[3]} dims, {kib:.0f} KiB"
-    ax.set_xlabel(f"token position in the cache (each one: {each})")
+    ax.set(xlim=(0, longest * 1.45), xlabel=f"token position in the cache (each one: {each})")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), **LEGEND_BELOW)
@@ -119,8 +115,7 @@ def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png"):
         ax.barh(rows, reals, left=pads, height=1, color=shades, edgecolor="none")
         shares[name] = padding_report(lengths, plan).padding_fraction
         ax.set_title(f"{name}: {shares[name]:.0%} padding", fontsize=9)
-        ax.set_ylim(y, -1)
-        ax.set_yticks([])
+        ax.set(ylim=(y, -1), yticks=[])
         ax.set_xlabel("tokens (grey: padding, on the left; orange: ticket tokens,\nbatches in alternating shades)")
     size = max(len(b) for plan in plans.values() for b in plan)
     axes[0][0].set_ylabel(f"{len(lengths)} tickets, in batches of up to {size} rows")

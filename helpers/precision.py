@@ -100,17 +100,13 @@ def batch_for_few(rows: int, batch_size: int) -> int:
     return min(batch_size, max(FEW_PER_BATCH, rows // 4))
 
 
-def _few(plan: dict, rows: int) -> dict:
-    """The plan for a calibration sample or a set of near ties (``batch_for_few``); "loop" and a token budget kept."""
-    if plan.get("strategy") in ("loop", "token_budget"):
-        return plan
-    return {**plan, "strategy": "sorted", "batch_size": batch_for_few(rows, plan.get("batch_size") or FEW_PER_BATCH)}
-
-
 def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScores:
-    """Prompts in float32 (also in a mixed-precision block), in ``batch_for_few`` batches. Notebook 05, section 3."""
+    """Prompts in float32 (also in a mixed-precision block), in sorted ``batch_for_few`` batches ("loop" and a token
+    budget, which bounds memory, kept). Notebook 05, section 3."""
+    if plan.get("strategy") not in ("loop", "token_budget"):
+        plan.update(strategy="sorted", batch_size=batch_for_few(len(prompts), plan.get("batch_size") or FEW_PER_BATCH))
     with torch.autocast(model.device.type, enabled=False):
-        return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **_few(plan, len(prompts)))
+        return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **plan)
 
 
 def rounding_step(scores: LabelScores, dtype: str) -> float:
@@ -123,22 +119,56 @@ def calibration_rows(tokenizer, prompts, k: int) -> list[int]:
     """``k`` of ``prompts`` spread evenly over their order by token length, the shortest and the longest among them: a
     sample like the job in any row order (a file sorted by length, date or customer). Notebook 05, section 2."""
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return sorted(order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(min(k, len(order))))
+    order, k = sorted(range(len(lengths)), key=lambda i: lengths[i]), min(k, len(lengths))  # k distinct rows at most
+    return sorted(order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(k))
+
+
+class _Bound:
+    """The calibration (``calibrate``): ``k`` rows spread over the length order scored in float32 (``on_batch`` gets
+    them, at input positions); ``add`` takes the half-precision pass's batches, run in the job's own shapes, until the
+    rows' half scores give the largest margin error and the threshold (``threshold`` if given)."""
+
+    def __init__(self, model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan, threshold=None):
+        self.rows = calibration_rows(tokenizer, prompts, k)
+        relay = on_batch and (lambda j, *batch: on_batch([self.rows[i] for i in j], *batch))
+        self.first = rescore(model, tokenizer, scorer, [prompts[i] for i in self.rows], prefix, on_batch=relay, **plan)
+        self.dtype, self.safety, self.threshold, self.half, self.error = dtype, safety, threshold, {}, None
+        self.seconds, self.last = self.first.info["seconds"], time.perf_counter()  # and the rows' share of half batches
+
+    def add(self, items, scores, *_) -> bool:
+        """A half-precision batch (its calibration rows' share of its seconds counted here); True once bounded."""
+        now, mine = time.perf_counter(), [j for j, i in enumerate(items) if i in self.rows]
+        self.seconds, self.last = self.seconds + (now - self.last) * len(mine) / len(items), now
+        self.half.update((items[j], scores[j]) for j in mine)
+        if self.error is None and len(self.half) == len(self.rows):
+            # a row that overflowed in half precision bounds nothing (it keeps its float32 scores); all of them: stop
+            kept = [n for n, i in enumerate(self.rows) if torch.isfinite(self.half[i]).all()] or range(len(self.rows))
+            half = LabelScores(self.first.labels, torch.stack([self.half[self.rows[n]] for n in kept]))
+            self.error = margin_error(half, self.first[kept])
+            bound = threshold_for(self.error, self.safety, rounding_step(self.first, self.dtype))
+            self.threshold = bound if self.threshold is None else self.threshold
+        return self.error is not None
+
+
+class _Bounded(Exception):
+    """``calibrate``'s half-precision pass stops once its rows' batches have run."""
 
 
 def calibrate(model, tokenizer, scorer, prompts, dtype, prefix=None, on_batch=None, k=None, safety=SAFETY, **plan):
     """The bound: ``k`` of ``prompts`` (``calibration_rows``; default ``CALIBRATION``) scored in float32 (``on_batch``
-    gets those batches, at input positions) and in ``dtype``. Returns (those rows, their float32 scores, the largest
-    margin error, the threshold, seconds): the error times ``safety``, at least ``rounding_step``. Notebook 05,
-    section 2."""
-    rows = calibration_rows(tokenizer, prompts, CALIBRATION if k is None else k)
-    chosen, relay = [prompts[i] for i in rows], on_batch and (lambda j, *batch: on_batch([rows[i] for i in j], *batch))
-    first = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=relay, **plan)
-    with mixed_precision(model, dtype):
-        in_half = score_batched(model, tokenizer, scorer, chosen, prefix=prefix, **_few(plan, len(chosen)))
-    error, seconds = margin_error(in_half, first), first.info["seconds"] + in_half.info["seconds"]
-    return rows, first, error, threshold_for(error, safety, rounding_step(first, dtype)), seconds
+    gets those batches, at input positions) and in ``dtype`` in the batches the job's plan puts them in (those batches
+    run first, the rest not at all). Returns (those rows, their float32 scores, the largest margin error, the
+    threshold, seconds): the error times ``safety``, at least ``rounding_step``. Notebook 05, section 2."""
+    k = CALIBRATION if k is None else k
+    bound = _Bound(model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan)
+
+    def collect(*batch):
+        if bound.add(*batch):
+            raise _Bounded
+
+    with mixed_precision(model, dtype), contextlib.suppress(_Bounded):
+        score_batched(model, tokenizer, scorer, prompts, prefix=prefix, on_batch=collect, first=bound.rows, **plan)
+    return bound.rows, bound.first, bound.error, bound.threshold, bound.seconds
 
 
 def score_verified(
@@ -157,13 +187,14 @@ def score_verified(
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05, section
     3. ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision``. ``calibration`` prompts spread over
-    the length order (``calibrate``; default ``CALIBRATION``) set the threshold (or ``threshold`` as given) and keep
-    their float32 scores; the rest are scored in ``dtype``, each row under the threshold (its margin read after
-    ``prior`` if given: a shift per label changes which rows are close) or not finite rescored in float32. ``plan``:
-    ``score_batched``'s, for the half-precision pass (``_few`` plans the rest); ``prefix``: the float32
-    ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``,
-    ``rescored`` and ``non_finite`` (input positions), ``calibration``, ``seconds``, ``items_per_s``,
-    ``phase_seconds``."""
+    the length order (default ``CALIBRATION``) are scored in float32 and keep those scores; the half-precision pass
+    scores every prompt in the batches of ``plan`` (``score_batched``'s), those holding the calibration's rows first:
+    their half scores give the bound (``calibrate``) in the shapes it bounds, and the threshold (or ``threshold`` as
+    given). Every other row under it (its margin read after ``prior`` if given: a shift per label changes which rows
+    are close) or not finite is rescored in float32 (``rescore``). ``prefix``: the float32 ``PrefixCache``;
+    ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` and
+    ``non_finite`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration:
+    its float32 pass and its rows' share of their half batches)."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -171,46 +202,52 @@ def score_verified(
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
     log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
     shift = None if prior is None else prior.for_labels(scorer.labels)
-    error, phases, sample = None, {}, []  # seconds of each phase: calibration, the half-precision pass, the rescoring
+    bound, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
     if k:
-        sample, first, error, bound, phases["calibration"] = calibrate(
-            model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, **plan
-        )
-        log_scores[sample] = first.log_scores
-        threshold = bound if threshold is None else threshold
-    rest = sorted(set(range(len(prompts))) - set(sample))  # the half pass's rows, in input order
-    rescored, broken = [], []  # near ties and non-finite rows, input positions: rescored together at the end
+        bound = _Bound(model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan, threshold)
+        log_scores[bound.rows] = bound.first.log_scores
+    sample = set(bound.rows if bound else ())  # they keep their float32 scores
+    rescored, broken, waiting = [], [], []  # near ties and non-finite rows (rescored last); batches not yet settled
 
-    def checked(items, scores, was_full):  # a half-precision batch: its confident rows count now, its near ties later
-        bad = (~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist()  # overflowed in half: float32's instead
-        broken.extend(rest[items[j]] for j in bad)
-        near = set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold)) | set(bad)
-        sure = [j for j in range(len(items)) if j not in near]
-        rescored.extend(rest[items[j]] for j in sorted(near))
-        if sure:
-            log_scores[[rest[items[j]] for j in sure]] = scores[sure]
-            if on_batch is not None:
-                on_batch([rest[items[j]] for j in sure], scores[sure], was_full)
+    def checked(items, scores, was_full):  # a half batch; batches wait until the calibration's rows (run first) bound
+        nonlocal threshold
+        waiting.append((items, scores, was_full))
+        if bound is not None:
+            if not bound.add(items, scores):
+                return
+            threshold = bound.threshold
+        for items, scores, was_full in waiting:
+            bad = set((~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist())  # overflowed: float32's instead
+            near = bad | set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold))
+            own = [j for j, i in enumerate(items) if i not in sample]
+            broken.extend(items[j] for j in sorted(bad))  # calibration rows too: they keep float32's scores
+            rescored.extend(items[j] for j in own if j in near)
+            if sure := [j for j in own if j not in near]:
+                log_scores[[items[j] for j in sure]] = scores[sure]
+                if on_batch is not None:
+                    on_batch([items[j] for j in sure], scores[sure], was_full)
+        waiting.clear()
 
     def landed(items, scores, was_full):  # a float32 batch of near ties
         log_scores[[rescored[j] for j in items]] = scores
         if on_batch is not None:
             on_batch([rescored[j] for j in items], scores, was_full)
 
-    if rest:
-        began = time.perf_counter()
-        with mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):  # its rows: in ``broken``
-            score_batched(model, tokenizer, scorer, [prompts[i] for i in rest], prefix=prefix, on_batch=checked, **plan)
-        phases["half"] = time.perf_counter() - began
+    began = time.perf_counter()
+    with mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):  # its rows: in ``broken``
+        score_batched(model, tokenizer, scorer, prompts, prefix=prefix, on_batch=checked, first=sample, **plan)
+    phases["half"] = time.perf_counter() - began
+    if bound is not None:  # the calibration rows' share of their half batches counts as calibration
+        phases["calibration"] = bound.seconds
+        phases["half"] -= bound.seconds - bound.first.info["seconds"]
     if rescored:
         chosen = [prompts[i] for i in rescored]
         phases["rescore"] = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=landed, **plan).info["seconds"]
     if torch.isnan(log_scores).any():  # every row is filled by one of the passes above, or the run stops here
         raise RuntimeError(f"rows {torch.isnan(log_scores).any(-1).nonzero().flatten().tolist()[:10]} got no scores")
     seconds = time.perf_counter() - start
-    info = dict(margin_error=error, threshold=threshold, rescored=sorted(rescored), calibration=k, seconds=seconds)
-    info["non_finite"] = sorted(broken)
-    info.update(phase_seconds=phases, items_per_s=len(prompts) / seconds)
+    info = dict(margin_error=bound and bound.error, threshold=threshold, rescored=sorted(rescored), calibration=k)
+    info.update(seconds=seconds, non_finite=sorted(broken), phase_seconds=phases, items_per_s=len(prompts) / seconds)
     return LabelScores(list(scorer.labels), log_scores, info, prior=shift)
 
 

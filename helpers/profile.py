@@ -159,12 +159,10 @@ class MachineProfile:
 
     @property
     def peak_tokens(self) -> int:
-        """The tokens per call at which one sequence ran fastest."""
         return max(self.prefill, key=lambda point: point[1])[0]
 
     @property
     def saturation_tokens(self) -> int:
-        """The fewest tokens per call that reach 90 % of the peak prefill throughput."""
         return min(tokens for tokens, rate in self.prefill if rate >= 0.9 * self.peak_tokens_per_s)
 
     def batched_tokens_per_s(self, rows: float) -> float:
@@ -178,12 +176,10 @@ class MachineProfile:
 
     @property
     def batch_knee(self) -> int:
-        """The fewest rows per call that reach 90 % of the batched curve's peak."""
         peak = max(rate for _, rate in self.batched)
         return min(rows for rows, rate in self.batched if rate >= 0.9 * peak)
 
     def fast_dtypes(self) -> list[str]:
-        """float32 and each half dtype whose matmul runs at least half as fast here and gives finite logits."""
         base = self.matmul_gflops["float32"]
         fast = [name for name, gflops in self.matmul_gflops.items() if gflops >= SLOW_DTYPE_RATIO * base]
         return [name for name in fast if name == "float32" or self.finite.get(name, True)]
@@ -199,13 +195,11 @@ class MachineProfile:
         return why
 
     def caption(self) -> str:
-        """One line for a figure or a table: the machine and what it measured."""
-        return (
-            f"{self.machine}, {threads_text(self.threads)} · float32 matmul {self.matmul_gflops['float32']:.0f} "
-            f"GFLOP/s · prefill peak {self.peak_tokens_per_s:.0f} tokens/s at {self.peak_tokens} tokens per call "
-            f"(90 % of it from {self.saturation_tokens}) · batched rows of {self.batch_row_tokens} tokens: 90 % of "
-            f"their peak from {self.batch_knee} rows"
-        )
+        matmul = f"float32 matmul {self.matmul_gflops['float32']:.0f} GFLOP/s"
+        prefill = f"prefill peak {self.peak_tokens_per_s:.0f} tokens/s at {self.peak_tokens} tokens per call"
+        rows = f"batched rows of {self.batch_row_tokens} tokens: 90 % of their peak from {self.batch_knee} rows"
+        where = f"{self.machine}, {threads_text(self.threads)}"
+        return f"{where} · {matmul} · {prefill} (90 % of it from {self.saturation_tokens}) · {rows}"
 
     def summary(self) -> str:
         base = self.matmul_gflops["float32"]

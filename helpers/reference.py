@@ -1,5 +1,6 @@
 """The published reference series' own numbers (``../shared/FACTS.md``), shown beside this run's, labelled as
-theirs: another model, another machine, so a comparison of ratios, not of absolute speeds (notebooks 00, 02, 03)."""
+theirs: another model, another machine, so a comparison of ratios, not of absolute speeds (notebooks 00, 02, 03);
+and the course's matmul measurements on its other machines (notebook 00, section 2)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ PREFIX_MS_PER_TICKET = {"without": 308.1, "with": 133.5}
 # The one-at-a-time loop against length-sorted batches of 32, and the padding those batches processed.
 BATCH32_ITEMS_PER_S = {"loop": 4.2, "sorted": 7.5}
 SORTED32_PADDING = 0.076
+
+
+# Matmul GFLOP/s, (float32, bfloat16), at the model's weight shapes on the course's other 2-core cloud CPUs (torch
+# 2.13-2.14, steady best; ../shared/FACTS.md): not the reference series' machine, and not this run's.
+MATMUL_GFLOPS = {
+    "Intel Xeon, AMX": (292, 2267),
+    "AMD EPYC, AVX-512 bf16": (189, 375),
+    "Intel Xeon, AVX-512 bf16, no AMX": (245, 160),
+    "AMD EPYC, AVX2 only": (124, 1.8),
+}
 
 
 def beside(rows, this_run: str) -> pd.DataFrame:

@@ -21,6 +21,8 @@ from .data import answer_tokens, encode_prompt, uses_chat_template
 from .timing import Stopwatch
 
 METHODS = ("auto", "first_token", "sequence")
+# A stand-in answer, rendered through the chat template to see what the template puts after an answer.
+_SENTINEL = "Zq7Xv"
 
 
 def check_labels(labels: Sequence[str]) -> list[str]:
@@ -38,10 +40,6 @@ def check_labels(labels: Sequence[str]) -> list[str]:
     return labels
 
 
-# A stand-in answer, rendered through the chat template to see what the template puts after an answer.
-_SENTINEL = "Zq7Xv"
-
-
 def end_of_answer_text(tokenizer) -> str | None:
     """What the chat template writes right after an assistant's answer, up to its first marker token (``<|im_end|>`` for
     Qwen and SmolLM2, ``<|eot_id|>`` for Llama 3), read around a stand-in answer; or None. Notebook 01, Going deeper."""
@@ -56,7 +54,6 @@ def end_of_answer_text(tokenizer) -> str | None:
         return None
     after = rendered.split(_SENTINEL, 1)[1]
     encoded = tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)
-    # Tokens that can end an answer: the special tokens, every added token, and the end-of-sequence token.
     markers = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
     markers.add(tokenizer.eos_token_id)  # None where it has none: no token's id
     for token, (_, end) in zip(encoded["input_ids"], encoded["offset_mapping"]):
@@ -107,15 +104,12 @@ class LabelScorer:
         self.overlaps = extending_pairs(self.label_ids, labels)
         end_text = end_of_answer_text(tokenizer) if complete is not False else None
         self.end_ids = end_of_answer_ids(tokenizer) if end_text is not None else None
-        if complete is None:
-            complete = bool(self.overlaps)
+        complete = bool(self.overlaps) if complete is None else complete
         if complete and not self.end_ids:
             if self.overlaps:
                 short, long = self.overlaps[0]
-                raise ValueError(
-                    f"label {long!r} starts with all of {short!r}'s tokens, so only whole answers can tell "
-                    "them apart, and this tokenizer's chat template marks no end of an answer: rename one"
-                )
+                why = f"label {long!r} starts with all of {short!r}'s tokens, so only whole answers can tell them apart"
+                raise ValueError(f"{why}, and this tokenizer's chat template marks no end of an answer: rename one")
             raise ValueError("whole answers need an end-of-answer marker, and this tokenizer's chat template has none")
         if complete and method == "first_token":
             pair = self.overlaps[0] if self.overlaps else None
@@ -189,7 +183,6 @@ class LabelScores:
 
     @property
     def calibrated(self) -> torch.Tensor:
-        """The log-scores less the prior: a shift per label (the raw ``log_scores`` where there is no prior)."""
         return self.log_scores if self.prior is None else self.log_scores - self.prior
 
     @property
@@ -199,7 +192,6 @@ class LabelScores:
 
     @property
     def probabilities(self) -> torch.Tensor:
-        """Softmax over the labels: the confidence is the predicted label's share."""
         return torch.softmax(self.calibrated, dim=-1)
 
     @property
@@ -262,9 +254,8 @@ def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype:
 
 def _check_full_attention(model, span: int) -> None:
     """The tree mask is a full 4D mask: it replaces transformers' own, so sliding-window layers would see too far."""
-    config = model.config
-    window = getattr(config, "sliding_window", None)
-    if window and "sliding_attention" in (getattr(config, "layer_types", None) or []) and span > window:
+    window = getattr(model.config, "sliding_window", None)
+    if window and "sliding_attention" in (getattr(model.config, "layer_types", None) or []) and span > window:
         why = f"this model's sliding-window layers ({window} tokens) would see past them in a {span}-token row"
         raise ValueError(f"several multi-token labels need a 4D mask, and {why}: use at most one such label")
 
@@ -286,7 +277,6 @@ def label_log_probs(model, scorer: LabelScorer, rows: Sequence[Sequence[int]], p
     # only the last 1 + tail positions: a (rows x length x vocabulary) logits tensor would be huge
     out = model(**inputs, cache=cache, use_cache=False, logits_to_keep=1 + tail)
     logp = torch.log_softmax(out.logits.float(), dim=-1)
-    # Gather the label tokens on the device: (rows x labels) numbers travel to the host, not the vocabulary.
     scores = logp[:, 0, scorer.first_ids].cpu()
     if tail:
         picked = logp[:, 1:].gather(-1, scorer.tail_targets.to(device).expand(batch, -1)[..., None])

@@ -132,7 +132,6 @@ def prediction_columns(labels: Sequence[str], raw: bool = False) -> list[str]:
 
 
 def check_columns(table: Table, labels: Sequence[str], raw: bool = False) -> None:
-    """The output adds the prediction columns: none may already be in the input."""
     clash = [c for c in prediction_columns(labels, raw) if c in table.columns]
     if clash:
         clashing = ", ".join(map(repr, clash))
@@ -180,7 +179,6 @@ def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
 
 
 def _csv_cell(value: Any) -> Any:
-    """A JSON value as CSV text: strings as they are, null (or a missing field) empty, the rest as JSON."""
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -63,6 +63,20 @@ def test_a_run_records_each_batch_with_its_seconds_in_the_order_they_ran(tiny_qw
     assert sum(result.info["batch_seconds"]) <= result.info["seconds"]
 
 
+def test_the_batches_holding_the_first_items_run_first_with_the_same_shapes_and_scores(tiny_qwen, tickets):
+    """``first`` (the verified path's calibration rows) moves whole batches of the plan to the front: every batch keeps
+    its rows, so every row its scores; the forward passes are recorded in the order they ran."""
+    model, tokenizer, _ = tiny_qwen
+    scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"][:10])
+    plain = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, progress=False)
+    moved = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, progress=False, first={7, 2})
+    held = [batch for batch in plain.info["batches"] if {7, 2} & set(batch)]
+    assert moved.info["batches"] == held + [batch for batch in plain.info["batches"] if batch not in held]
+    assert torch.equal(moved.log_scores, plain.log_scores)
+    shape = dict(zip(map(tuple, plain.info["batches"]), plain.info["forward_passes"]))
+    assert moved.info["forward_passes"] == [shape[tuple(batch)] for batch in moved.info["batches"]]
+
+
 def test_bad_batching_arguments_are_refused():
     with pytest.raises(ValueError, match="list of items is empty"):
         plan_batches([], "sorted")

@@ -9,11 +9,13 @@ from helpers.data import LABELS, build_prompt, encode_prompts
 from helpers.precision import (
     FEW_PER_BATCH,
     batch_for_few,
+    calibrate,
     calibration_rows,
     half_copy,
     margin_error,
     mixed_precision,
     near_ties,
+    rounding_step,
     score_verified,
     threshold_for,
 )
@@ -83,26 +85,23 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     assert verified.predictions == reference.predictions
     info = verified.info
     assert info["calibration"] == 6 and info["threshold"] >= threshold_for(info["margin_error"]) > 0
-    # the same passes by hand (in half precision a row's scores depend a little on its batch: the same batches; the
-    # calibration's few rows, spread over the length order, in smaller ones)
+    # the same passes by hand: in half precision a row's scores depend a little on its batch, so the calibration's
+    # rows (spread over the length order) are read from the half pass's own batches, the job's plan
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
     sample = calibration_rows(tokenizer, prompts, 6)
     assert {lengths[i] for i in sample} >= {min(lengths), max(lengths)}, "the shortest and the longest calibrate"
     rest = [i for i in range(len(prompts)) if i not in sample]
-    assert batch_for_few(6, 8) < 8
     with mixed_precision(model, dtype):
-        chosen = [prompts[i] for i in sample]
-        calibration = score_batched(model, tokenizer, scorer, chosen, "sorted", batch_for_few(6, 8), progress=False)
-        half = score_batched(model, tokenizer, scorer, [prompts[i] for i in rest], "sorted", 8, progress=False)
-    assert margin_error(half, reference[rest]) > 0, "the block ran the model in half precision"
-    assert info["margin_error"] == pytest.approx(margin_error(calibration, reference[sample]), abs=1e-4)
+        half = score_batched(model, tokenizer, scorer, prompts, "sorted", 8, progress=False)
+    assert margin_error(half[rest], reference[rest]) > 0, "the block ran the model in half precision"
+    assert info["margin_error"] == pytest.approx(margin_error(half[sample], reference[sample]), abs=1e-4)
     # the calibration rows keep float32's scores; of the rest, exactly the near ties were rescored, to float32's
     assert torch.allclose(verified.log_scores[sample], reference.log_scores[sample], atol=1e-4)
     rescored = info["rescored"]
-    assert rescored == sorted(rest[j] for j in near_ties(half, info["threshold"]))
+    assert rescored == [i for i in near_ties(half, info["threshold"]) if i not in sample]
     assert torch.allclose(verified.log_scores[rescored], reference.log_scores[rescored], atol=1e-4)
-    kept = [j for j, i in enumerate(rest) if i not in rescored]
-    assert torch.equal(verified.log_scores[[rest[j] for j in kept]], half.log_scores[kept])
+    kept = [i for i in rest if i not in rescored]
+    assert torch.equal(verified.log_scores[kept], half.log_scores[kept]), "the same batches, in another order"
     everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), strategy="loop")
     assert len(everything.info["rescored"]) == len(prompts) - everything.info["calibration"]
     assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
@@ -124,8 +123,9 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
 
 
 def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the_plan(tiny_qwen, monkeypatch):
-    """The calibration sample and the near ties are rows of any length: sorted, at least four batches of at least
-    FEW_PER_BATCH rows, never over the plan's batch size; "loop" and a token budget (it bounds memory) keep theirs."""
+    """The calibration sample's float32 pass and the near ties are rows of any length: sorted, at least four batches
+    of at least FEW_PER_BATCH rows, never over the plan's batch size; "loop" and a token budget (it bounds memory) keep
+    theirs. The half-precision pass runs the plan on every row, the calibration's among them."""
     assert [batch_for_few(rows, 16) for rows in (1, 6, 16, 40, 64, 600)] == [FEW_PER_BATCH] * 3 + [10, 16, 16]
     assert batch_for_few(16, 2) == 2
     model, tokenizer, _ = tiny_qwen
@@ -140,12 +140,7 @@ def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the
     monkeypatch.setattr("helpers.precision.score_batched", spy)
     everything = dict(dtype="bfloat16", calibration=8, threshold=float("inf"))  # rescores all 12 after the calibration
     score_verified(model, tokenizer, scorer, prompts, **everything, strategy="arbitrary", batch_size=16)
-    assert calls == [
-        (8, "sorted", 4, None),
-        (8, "sorted", 4, None),
-        (12, "arbitrary", 16, None),
-        (12, "sorted", 4, None),
-    ]
+    assert calls == [(8, "sorted", 4, None), (20, "arbitrary", 16, None), (12, "sorted", 4, None)]
     for plan in (dict(strategy="loop", batch_size=1), dict(strategy="token_budget", batch_size=None, token_budget=900)):
         calls.clear()
         score_verified(model, tokenizer, scorer, prompts, **everything, **plan)
@@ -196,6 +191,38 @@ def test_mixed_precision_keeps_the_output_layer_in_float32_and_puts_it_back(tiny
         del head.forward
 
 
+def test_calibration_reads_its_rows_half_scores_from_the_jobs_own_batches_and_runs_no_other(
+    tiny_qwen, tickets, monkeypatch
+):
+    """``calibrate`` (a resumed ``classify --dtype auto`` run) bounds the rows in the batches the job's plan puts them
+    in, as ``score_verified``'s half pass does, and runs only those batches in half precision."""
+    import helpers.batching as batching
+
+    model, tokenizer, _ = tiny_qwen
+    scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"])
+    plan = dict(strategy="sorted", batch_size=4, progress=False)
+    reference = score_batched(model, tokenizer, scorer, prompts, **plan)
+    with mixed_precision(model, "bfloat16"):
+        half = score_batched(model, tokenizer, scorer, prompts, **plan)
+    rows, first, error, threshold, seconds = calibrate(model, tokenizer, scorer, prompts, "bfloat16", k=3, **plan)
+    assert rows == calibration_rows(tokenizer, prompts, 3) and torch.allclose(
+        first.log_scores, reference.log_scores[rows]
+    )
+    assert error == pytest.approx(margin_error(half[rows], reference[rows]), abs=1e-5) and seconds > 0
+    assert threshold == pytest.approx(max(2 * error, rounding_step(first, "bfloat16")))
+    ran = []
+    real = batching.label_log_probs
+
+    def counted(model, scorer, batch, *args, **kwargs):
+        ran.append((torch.is_autocast_enabled("cpu"), len(batch)))
+        return real(model, scorer, batch, *args, **kwargs)
+
+    monkeypatch.setattr(batching, "label_log_probs", counted)
+    calibrate(model, tokenizer, scorer, prompts, "bfloat16", k=3, **plan)
+    holding = [batch for batch in half.info["batches"] if set(rows) & set(batch)]
+    assert [size for in_half, size in ran if in_half] == [len(batch) for batch in holding]
+
+
 def test_a_calibration_that_measures_no_error_still_rescores_under_one_rounding_step(tiny_qwen, tickets, monkeypatch):
     """A sample whose two dtypes agree exactly does not prove a zero bound: the threshold stays at the dtype's rounding
     step at the scores' scale, and the rows under it are rescored."""
@@ -243,6 +270,14 @@ def test_a_row_that_overflows_in_half_precision_is_rescored_in_float32_and_count
     assert torch.isfinite(verified.log_scores).all(), "threshold 0: only the broken rows are rescored"
     assert verified.info["rescored"] == broken
     assert torch.allclose(verified.log_scores[broken], reference.log_scores[broken], atol=1e-4), "float32's scores"
+    # a calibration row that overflows bounds nothing: it keeps float32's scores, the others set the threshold
+    calibrated = score_verified(
+        model, tokenizer, scorer, prompts, "bfloat16", calibration=6, strategy="sorted", batch_size=4
+    )  # fmt: skip
+    sample, broken = calibration_rows(tokenizer, prompts, 6), calibrated.info["non_finite"]
+    assert set(sample) & set(broken) and calibrated.info["margin_error"] is not None
+    assert set(broken) - set(sample) <= set(calibrated.info["rescored"]) and len(broken) == len(prompts) // 4
+    assert calibrated.predictions == reference.predictions and torch.isfinite(calibrated.log_scores).all()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -108,7 +108,7 @@ def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tin
     """Every row read back from progress files: no process calibrated, so the bound is measured now (on rows spread over
     the length order), and the half-precision scores settle to float32's labels under the final prior."""
     from helpers.classify import _settle
-    from helpers.precision import mixed_precision
+    from helpers.precision import calibration_rows, mixed_precision
 
     model, tokenizer, _ = tiny_qwen
     scorer = LabelScorer(tokenizer, LABELS)
@@ -116,8 +116,9 @@ def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tin
     with mixed_precision(model, "bfloat16"):
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
     full = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
-    plan = ("sorted", 4, None)
-    scores, prior, added = _settle(model, tokenizer, scorer, prompts, half, "bfloat16", None, plan, [None], [], True)
+    plan = dict(strategy="sorted", batch_size=4, token_budget=None)  # classify_file's batching plan
+    scores, prior, added, runs = _settle(model, tokenizer, scorer, prompts, half, "bfloat16", None, plan, [], [], True)
+    assert len(runs) == 1 and runs[0]["calibration"] == min(len(prompts), 16) and runs[0]["threshold"] > 0
     assert scores.predictions == calibrated(full, prior).predictions
-    first = [*range(len(prompts) if len(prompts) < 16 else 16), *added]  # the calibration rows and the rescored
+    first = [*calibration_rows(tokenizer, prompts, 16), *added]  # the calibration rows and the rescored
     assert torch.allclose(scores.log_scores[first], full.log_scores[first], atol=1e-4), "float32 scores there"

@@ -1,0 +1,68 @@
+"""Does the verified path give float32's label on every row in any row order, and what does being sure cost? The
+article's tickets (3 shots, prefix cache, sorted batches of 16) in ascending, descending and shuffled token-length
+order: ``score_verified`` in DTYPE against float32's scores of the same rows in the same order, with its threshold,
+the rows it rescored and where its time went. The overhead is calibration plus rescoring as a share of the half pass
+(issue 54: at most 15 %). Its speeds mean something only where DTYPE runs fast (notebook 00's profile: where
+``classify --dtype auto`` picks it); its labels hold everywhere. On a CPU without fast bfloat16, run it on a twin.
+
+Run: .venv/bin/python benchmarks/verified_orders.py [MODEL] [DTYPE] [N]   (default: embedded bfloat16 600)
+"""
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+
+from helpers.batching import score_batched
+from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
+from helpers.models import load_model, machine_name
+from helpers.precision import score_verified
+from helpers.prefix_cache import PrefixCache
+from helpers.scoring import LabelScorer
+
+
+def main(model_name: str, dtype: str, n: int) -> None:
+    model, tokenizer, info = load_model(model_name, dtype="float32", verbose=False)
+    examples = few_shot_examples(3)
+    prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in make_tickets(n, style="article")["text"]]
+    scorer, lengths = LabelScorer(tokenizer, LABELS), [len(ids) for ids in encode_prompts(tokenizer, prompts)]
+    prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
+    plan = dict(strategy="sorted", batch_size=16, prefix=prefix, progress=False)
+    orders = {
+        "ascending": sorted(range(n), key=lambda i: lengths[i]),
+        "descending": sorted(range(n), key=lambda i: -lengths[i]),
+        "shuffled": list(np.random.default_rng(0).permutation(n)),
+    }
+    print(
+        f"{info.short()} · {machine_name(model.device)} · {n} article tickets, 3 shots, sorted batches of 16 + prefix"
+    )
+    print(
+        "| order | labels float32's | threshold | rescored | non-finite | calibration s | half pass s | rescoring s |"
+        " overhead | float32 s | verified s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    score_verified(model, tokenizer, scorer, prompts[:32], dtype, **plan)  # warm-up: both dtypes' first calls
+    for name, order in orders.items():
+        job = [prompts[i] for i in order]
+        full = score_batched(model, tokenizer, scorer, job, **plan)
+        verified = score_verified(model, tokenizer, scorer, job, dtype, **plan)
+        same = int((np.array(verified.predictions) == np.array(full.predictions)).sum())
+        run, phases = verified.info, verified.info["phase_seconds"]
+        spent = [phases.get(phase, 0.0) for phase in ("calibration", "half", "rescore")]
+        print(
+            f"| {name} | {same} of {n} | {run['threshold']:.3f} | {len(run['rescored'])} | {len(run['non_finite'])} | "
+            f"{spent[0]:.1f} | {spent[1]:.1f} | {spent[2]:.1f} | {(spent[0] + spent[2]) / spent[1]:.1%} | "
+            f"{full.info['seconds']:.1f} | {run['seconds']:.1f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(
+        args[0] if args else "embedded",
+        args[1] if len(args) > 1 else "bfloat16",
+        int(args[2]) if len(args) > 2 else 600,
+    )
