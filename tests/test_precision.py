@@ -165,9 +165,9 @@ def test_the_verified_path_on_the_embedded_model_keeps_every_label(embedded):
     assert 0 < sum(phases.values()) <= verified.info["seconds"]
     # The residual stream and output layer in float32 move margins less than rounding the whole model (section 2).
     with mixed_precision(model, "bfloat16"):
-        mixed = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
-    whole = score_batched(half_copy(model, "bfloat16"), tokenizer, scorer, prompts, "loop", progress=False)
-    assert margin_error(mixed, reference) < margin_error(whole, reference)
+        mixed = score_batched(model, tokenizer, scorer, prompts[:2], "loop", progress=False)
+    whole = score_batched(half_copy(model, "bfloat16"), tokenizer, scorer, prompts[:2], "loop", progress=False)
+    assert margin_error(mixed, reference[:2]) < margin_error(whole, reference[:2])
 
 
 def test_mixed_precision_keeps_the_output_layer_in_float32_and_puts_it_back(tiny_qwen):
