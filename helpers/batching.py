@@ -141,12 +141,12 @@ def score_batched(
         # shapes: (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
         shapes = [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
         planned += [([items[j] for j in b], [rows[j] for j in b], cache, shape) for b, shape in zip(batches, shapes)]
-    planned.sort(key=lambda batch: set(first).isdisjoint(batch[0]))  # stable: otherwise the plan's order
+    planned.sort(key=lambda batch, first=set(first): first.isdisjoint(batch[0]))  # stable: else the plan's order
     passes = [shape for *_, shape in planned]  # every forward pass's shape, in the order they run
     with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
         for slots, rows, cache, _ in planned:
             began = time.perf_counter()
-            # Scores go back to their input slots: batches run in sorted order.
+            # Scores go back to their input slots: batches run in the plan's order, ``first``'s first.
             scores[slots] = label_log_probs(model, scorer, rows, tokenizer.pad_token_id, cache)
             batch_seconds.append(time.perf_counter() - began)
             ran.append(slots)

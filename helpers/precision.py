@@ -159,7 +159,7 @@ def calibrate(model, tokenizer, scorer, prompts, dtype, prefix=None, on_batch=No
     gets those batches, at input positions) and in ``dtype`` in the batches the job's plan puts them in (those batches
     run first, the rest not at all). Returns (those rows, their float32 scores, the largest margin error, the
     threshold, seconds): the error times ``safety``, at least ``rounding_step``. Notebook 05, section 2."""
-    k = CALIBRATION if k is None else k
+    k, began = CALIBRATION if k is None else k, time.perf_counter()  # seconds: every pass it runs, all calibration
     bound = _Bound(model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan)
 
     def collect(*batch):
@@ -168,7 +168,7 @@ def calibrate(model, tokenizer, scorer, prompts, dtype, prefix=None, on_batch=No
 
     with mixed_precision(model, dtype), contextlib.suppress(_Bounded):
         score_batched(model, tokenizer, scorer, prompts, prefix=prefix, on_batch=collect, first=bound.rows, **plan)
-    return bound.rows, bound.first, bound.error, bound.threshold, bound.seconds
+    return bound.rows, bound.first, bound.error, bound.threshold, time.perf_counter() - began
 
 
 def score_verified(
