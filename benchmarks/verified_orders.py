@@ -2,8 +2,11 @@
 article's tickets (3 shots, prefix cache, sorted batches of 16) in ascending, descending and shuffled token-length
 order: ``score_verified`` in DTYPE against float32's scores of the same rows in the same order, with its threshold,
 the rows it rescored and where its time went. The overhead is calibration plus rescoring as a share of the half pass
-(issue 54: at most 15 %). Its speeds mean something only where DTYPE runs fast (notebook 00's profile: where
-``classify --dtype auto`` picks it); its labels hold everywhere. On a CPU without fast bfloat16, run it on a twin.
+(issue 54: at most 15 %). Each order runs both roundings: mixed (``mixed_precision``, the matrix multiplies in
+DTYPE, what ``classify --dtype auto`` runs) and whole (``half_copy``: every weight and activation rounded), and the
+verified path's whole seconds show which is faster here with float32's labels. Its speeds mean something only where
+DTYPE runs fast (notebook 00's profile: where ``classify --dtype auto`` picks it); its labels hold everywhere. On a
+CPU without fast bfloat16, run it on a twin.
 
 Run: .venv/bin/python benchmarks/verified_orders.py [MODEL] [DTYPE] [N]   (default: embedded bfloat16 600)
 """
@@ -18,7 +21,7 @@ import numpy as np
 from helpers.batching import score_batched
 from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
 from helpers.models import load_model, machine_name
-from helpers.precision import score_verified
+from helpers.precision import half_copy, score_verified
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
 
@@ -30,6 +33,11 @@ def main(model_name: str, dtype: str, n: int) -> None:
     scorer, lengths = LabelScorer(tokenizer, LABELS), [len(ids) for ids in encode_prompts(tokenizer, prompts)]
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
     plan = dict(strategy="sorted", batch_size=16, prefix=prefix, progress=False)
+    half = half_copy(model, dtype)
+    roundings = {
+        "mixed": None,
+        "whole": (half, PrefixCache.for_prompts(half, tokenizer, labels=LABELS, examples=examples)),
+    }
     orders = {
         "ascending": sorted(range(n), key=lambda i: lengths[i]),
         "descending": sorted(range(n), key=lambda i: -lengths[i]),
@@ -39,24 +47,26 @@ def main(model_name: str, dtype: str, n: int) -> None:
         f"{info.short()} · {machine_name(model.device)} · {n} article tickets, 3 shots, sorted batches of 16 + prefix"
     )
     print(
-        "| order | labels float32's | threshold | rescored | non-finite | calibration s | half pass s | rescoring s |"
-        " overhead | float32 s | verified s |"
+        "| order | rounding | labels float32's | threshold | rescored | non-finite | calibration s | half pass s |"
+        " rescoring s | overhead | float32 s | verified s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    score_verified(model, tokenizer, scorer, prompts[:32], dtype, **plan)  # warm-up: both dtypes' first calls
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for whole in roundings.values():  # warm-up: each dtype's and rounding's first calls
+        score_verified(model, tokenizer, scorer, prompts[:32], dtype, whole=whole, **plan)
     for name, order in orders.items():
         job = [prompts[i] for i in order]
         full = score_batched(model, tokenizer, scorer, job, **plan)
-        verified = score_verified(model, tokenizer, scorer, job, dtype, **plan)
-        same = int((np.array(verified.predictions) == np.array(full.predictions)).sum())
-        run, phases = verified.info, verified.info["phase_seconds"]
-        spent = [phases.get(phase, 0.0) for phase in ("calibration", "half", "rescore")]
-        print(
-            f"| {name} | {same} of {n} | {run['threshold']:.3f} | {len(run['rescored'])} | {len(run['non_finite'])} | "
-            f"{spent[0]:.1f} | {spent[1]:.1f} | {spent[2]:.1f} | {(spent[0] + spent[2]) / spent[1]:.1%} | "
-            f"{full.info['seconds']:.1f} | {run['seconds']:.1f} |",
-            flush=True,
-        )
+        for rounding, whole in roundings.items():
+            verified = score_verified(model, tokenizer, scorer, job, dtype, whole=whole, **plan)
+            same = int((np.array(verified.predictions) == np.array(full.predictions)).sum())
+            run, phases = verified.info, verified.info["phase_seconds"]
+            spent = [phases.get(phase, 0.0) for phase in ("calibration", "half", "rescore")]
+            print(
+                f"| {name} | {rounding} | {same} of {n} | {run['threshold']:.3f} | {len(run['rescored'])} | "
+                f"{len(run['non_finite'])} | {spent[0]:.1f} | {spent[1]:.1f} | {spent[2]:.1f} | "
+                f"{(spent[0] + spent[2]) / spent[1]:.1%} | {full.info['seconds']:.1f} | {run['seconds']:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,8 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
 
 
 def threshold_for(error: float, safety: float = SAFETY, floor: float = 0.0) -> float:
-    """The rescoring threshold: the calibration's largest margin error times ``safety``, at least ``floor`` (a sample
-    that measured no error does not prove there is none: ``calibrate`` floors it at ``rounding_step``). Notebook 05,
-    section 3."""
+    """The rescoring threshold: the calibration's largest margin error times ``safety``, at least ``floor`` (no error
+    measured does not prove none: ``calibrate`` floors it at ``rounding_step``). Notebook 05, section 3."""
     if error < 0 or safety < 1:
         raise ValueError(f"need a margin error >= 0 and a safety factor >= 1, got {error} and {safety}")
     return max(error * safety, floor)
@@ -183,18 +182,20 @@ def score_verified(
     prefix=None,
     on_batch=None,
     prior: Prior | None = None,
+    whole=None,
     **plan,
 ) -> LabelScores:
-    """Every prompt's label scores, every label float32's wherever the calibration's bound holds. Notebook 05, section
-    3. ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision``. ``calibration`` prompts spread over
-    the length order (default ``CALIBRATION``) are scored in float32 and keep those scores; the half-precision pass
-    scores every prompt in the batches of ``plan`` (``score_batched``'s), those holding the calibration's rows first:
-    their half scores give the bound (``calibrate``) in the shapes it bounds, and the threshold (or ``threshold`` as
-    given). Every other row under it (its margin read after ``prior`` if given: a shift per label changes which rows
-    are close) or not finite is rescored in float32 (``rescore``). ``prefix``: the float32 ``PrefixCache``;
-    ``on_batch`` gets each batch's final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` and
-    ``non_finite`` (input positions), ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration:
-    its float32 pass and its rows' share of their half batches)."""
+    """Every prompt's label scores, every label float32's wherever the calibration's bound holds. ``model``, the float32
+    model, runs in ``dtype`` through ``mixed_precision`` (``whole``: a ``half_copy`` and its ``PrefixCache`` run the
+    half pass instead). ``calibration`` prompts spread over the length order (default ``CALIBRATION``) are scored in
+    float32 and keep those scores; the half-precision pass scores every prompt in the batches of ``plan``
+    (``score_batched``'s), those holding the calibration's rows first: their half scores give the bound (``calibrate``)
+    in the shapes it bounds, and the threshold (or ``threshold`` as given). Every other row under it (its margin read
+    after ``prior`` if given: a shift per label changes which rows are close) or not finite is rescored in float32
+    (``rescore``). ``prefix``: the float32 ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``:
+    ``margin_error``, ``threshold``, ``rescored`` and ``non_finite`` (input positions), ``calibration``, ``seconds``,
+    ``items_per_s``, ``phase_seconds`` (calibration: its float32 pass and its rows' share of their half batches).
+    Notebook 05, section 3."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
@@ -212,10 +213,9 @@ def score_verified(
     def checked(items, scores, was_full):  # a half batch; batches wait until the calibration's rows (run first) bound
         nonlocal threshold
         waiting.append((items, scores, was_full))
-        if bound is not None:
-            if not bound.add(items, scores):
-                return
-            threshold = bound.threshold
+        if bound is not None and not bound.add(items, scores):
+            return
+        threshold = threshold if bound is None else bound.threshold
         for items, scores, was_full in waiting:
             bad = set((~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist())  # overflowed: float32's instead
             near = bad | set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold))
@@ -234,8 +234,9 @@ def score_verified(
             on_batch([rescored[j] for j in items], scores, was_full)
 
     began = time.perf_counter()
-    with mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):  # its rows: in ``broken``
-        score_batched(model, tokenizer, scorer, prompts, prefix=prefix, on_batch=checked, first=sample, **plan)
+    runner, runner_prefix = whole or (model, prefix)  # NonFiniteScores below: those rows are in ``broken``
+    with contextlib.nullcontext() if whole else mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):
+        score_batched(runner, tokenizer, scorer, prompts, prefix=runner_prefix, on_batch=checked, first=sample, **plan)
     phases["half"] = time.perf_counter() - began
     if bound is not None:  # the calibration rows' share of their half batches counts as calibration
         phases["calibration"] = bound.seconds
@@ -272,11 +273,10 @@ def choose_half(profile) -> tuple[str | None, str]:
     """The half dtype worth a verified path here (notebook 00's profile: matmul at least ``FAST_ENOUGH`` times
     float32's, finite logits), or None, and a line saying why. Notebook 05, section 1; ``classify --dtype auto``."""
     base = profile.matmul_gflops["float32"]
-    others = {name: flops for name, flops in profile.matmul_gflops.items() if name != "float32"}
     fast = [name for name in profile.fast_dtypes() if name != "float32"]
     for name in sorted(fast, key=lambda name: name != "bfloat16"):  # bfloat16 first: float32's range, no overflow
         ratio = profile.matmul_gflops[name] / base
         if ratio >= FAST_ENOUGH:
             return name, f"{name} (its matmul runs at {ratio:.1f}x float32's here)"
-    halves = ", ".join(f"{name} {flops / base:.2g}x" for name, flops in others.items())
+    halves = ", ".join(f"{n} {flops / base:.2g}x" for n, flops in profile.matmul_gflops.items() if n != "float32")
     return None, f"float32 (half precision is not {FAST_ENOUGH}x faster here: matmul {halves or 'not measured'})"

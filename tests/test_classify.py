@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import models
 from helpers.__main__ import main
 from helpers.batching import STRATEGIES, score_batched
 from helpers.data import LABELS, build_prompt
@@ -171,13 +172,17 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path, capsys):
     assert code == 0 and len(pd.read_csv(out)) == 1
 
 
-def test_tickets_longer_than_the_context_fail_or_are_cut_with_a_count(tmp_path, capsys):
+def test_tickets_longer_than_the_context_fail_or_are_cut_with_a_count(tmp_path, capsys, monkeypatch):
+    # the twin with a 512-token context: a cut ticket then fills 512 positions, not 8192 (20 s of attention here)
+    monkeypatch.setitem(
+        models.TWINS, "twin:tiny-qwen2", {**models.TWINS["twin:tiny-qwen2"], "max_position_embeddings": 512}
+    )
     source = tmp_path / "in.csv"
-    long_text = "please help " * 5000  # ~10k tokens, over the tiny twin's 8192
+    long_text = "please help " * 400  # ~800 tokens
     source.write_text(f"text\nshort one\n{long_text}\nanother short one\n")
     out = tmp_path / "out.csv"
     code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), *TINY], capsys)
-    assert code == 2 and "row 2: longer than the model's 8192-token context" in err and "--truncate" in err
+    assert code == 2 and "row 2: longer than the model's 512-token context" in err and "--truncate" in err
     code, err = run(["classify", str(source), *LABEL_ARGS, "--output", str(out), "--truncate", *TINY], capsys)
     assert code == 0 and "cut 1 row(s)" in err
     assert len(pd.read_csv(out)) == 3, "output row count equals input row count"

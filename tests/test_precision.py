@@ -19,6 +19,7 @@ from helpers.precision import (
     score_verified,
     threshold_for,
 )
+from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, LabelScores
 from tests.conftest import prompts_for
 
@@ -120,6 +121,28 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     )
     assert nothing.info["rescored"] == [] and nothing.log_scores.dtype == torch.float32
     assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_verified_path_on_a_wholly_rounded_copy_keeps_every_label(tiny_qwen, tickets, few_shot, dtype):
+    """``whole``: the half pass runs on ``half_copy`` (every activation rounded) and its own prefix cache; calibration
+    and rescoring stay on the float32 model."""
+    model, tokenizer, _ = tiny_qwen
+    scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"], few_shot)
+    prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
+    half = half_copy(model, dtype)
+    whole = half, PrefixCache.for_prompts(half, tokenizer, labels=LABELS, examples=few_shot)
+    plan = dict(strategy="sorted", batch_size=8, prefix=prefix)
+    reference = score_batched(model, tokenizer, scorer, prompts, **plan, progress=False)
+    verified = score_verified(model, tokenizer, scorer, prompts, dtype, calibration=6, whole=whole, **plan)
+    assert verified.predictions == reference.predictions and model.dtype == torch.float32
+    rounded = score_batched(half, tokenizer, scorer, prompts, "sorted", 8, prefix=whole[1], progress=False)
+    sample, rescored = calibration_rows(tokenizer, prompts, 6), verified.info["rescored"]
+    assert verified.info["margin_error"] == pytest.approx(margin_error(rounded[sample], reference[sample]), abs=1e-4)
+    assert rescored == [i for i in near_ties(rounded, verified.info["threshold"]) if i not in sample]
+    kept = [i for i in range(len(prompts)) if i not in rescored and i not in sample]
+    assert kept and torch.equal(verified.log_scores[kept], rounded.log_scores[kept].float()), "the copy's own scores"
+    assert torch.allclose(verified.log_scores[rescored + sample], reference.log_scores[rescored + sample], atol=1e-4)
 
 
 def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the_plan(tiny_qwen, monkeypatch):

@@ -125,9 +125,15 @@ def test_a_profile_is_measured_once_then_read_from_memory_and_disk(tiny_qwen, tm
     rows = [n for n, _ in first.batched]
     assert rows[0] == 1 and rows[-1] >= 32 and all(rate > 0 for _, rate in first.batched), "to 32 rows on a CPU"
     assert "float32" in first.matmul_gflops
+
+    def measuring(*_):
+        raise LookupError("measured again")
+
+    monkeypatch.setattr(profiles, "roof_shapes", measuring)  # from here on, a measurement raises
     assert machine_profile(model, info, verbose=False) is first, "the second call in a process is free"
     saved = list((tmp_path / "profiles").glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["model"] == info.name
     monkeypatch.setattr(profiles, "_MEMORY", {})
     assert machine_profile(model, info, verbose=False) == first, "a new process reads the same profile from disk"
-    assert machine_profile(model, info, refresh=True, verbose=False) is not first
+    with pytest.raises(LookupError, match="measured again"):
+        machine_profile(model, info, refresh=True, verbose=False)
