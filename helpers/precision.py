@@ -19,6 +19,7 @@ import torch
 
 from .batching import NonFiniteScores, score_batched
 from .data import encode_prompts
+from .prefix_cache import PrefixCache
 from .prior import Prior, calibrated, job_prior
 from .scoring import LabelScores
 
@@ -74,8 +75,7 @@ def mixed_precision(model, dtype: str):
     """In this block ``model``'s matrix multiplies run in ``dtype`` (``torch.autocast``); its residual stream, norms,
     output layer and weights stay float32 (autocast rounds each weight once per block). Notebook 05, section 2."""
     device, head = model.device.type, model.get_output_embeddings()
-    own = vars(head).get("forward")  # an instance's own forward (a hook's wrapper, say) is put back as it was
-    forward = head.forward
+    own, forward = vars(head).get("forward"), head.forward  # an instance's own forward (a hook's wrapper) is put back
 
     def float32_head(hidden):
         # Logits near 20 stored in 16 bits keep steps of 0.125: rounding them alone would move a margin that much.
@@ -87,9 +87,8 @@ def mixed_precision(model, dtype: str):
         with torch.autocast(device, dtype=getattr(torch, dtype)):
             yield
     finally:
-        if own is None:
-            del head.forward
-        else:
+        del head.forward
+        if own is not None:
             head.forward = own
 
 
@@ -109,8 +108,7 @@ def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScor
 
 
 def rounding_step(scores: LabelScores, dtype: str) -> float:
-    """One rounding step of ``dtype`` at the scale of the scores a label reads (each row's top two): the least threshold
-    ``calibrate`` gives, since a sample that measured no error does not prove there is none. Notebook 05, section 2."""
+    """The least threshold (no error seen proves none): a ``dtype`` step at the top 2 scores. Notebook 05, section 2."""
     return torch.finfo(getattr(torch, dtype)).eps * float(scores.log_scores.topk(2, dim=-1).values.abs().max())
 
 
@@ -186,21 +184,23 @@ def score_verified(
     **plan,
 ) -> LabelScores:
     """Every prompt's label scores, every label float32's wherever the calibration's bound holds. ``model``, the float32
-    model, runs in ``dtype`` through ``mixed_precision`` (``whole``: a ``half_copy`` and its ``PrefixCache`` run the
-    half pass instead). ``calibration`` prompts spread over the length order (default ``CALIBRATION``) are scored in
-    float32 and keep those scores; the half-precision pass scores every prompt in the batches of ``plan``
-    (``score_batched``'s), those holding the calibration's rows first: their half scores give the bound (``calibrate``)
-    in the shapes it bounds, and the threshold (or ``threshold`` as given). Every other row under it (its margin read
-    after ``prior`` if given: a shift per label changes which rows are close) or not finite is rescored in float32
-    (``rescore``). ``prefix``: the float32 ``PrefixCache``; ``on_batch`` gets each batch's final scores. ``info``:
-    ``margin_error``, ``threshold``, ``rescored`` and ``non_finite`` (input positions), ``calibration``, ``seconds``,
-    ``items_per_s``, ``phase_seconds`` (calibration: its float32 pass and its rows' share of their half batches).
-    Notebook 05, section 3."""
+    model, runs in ``dtype`` through ``mixed_precision`` (``whole``: a ``half_copy`` in ``dtype`` runs it instead, on
+    its own copy of ``prefix``, its logits rounded too, as its measured error shows; ``calibrate`` bounds mixed
+    precision only). ``calibration`` prompts spread over the length order (default ``CALIBRATION``) are scored in
+    float32 and keep those scores; the half-precision pass scores every prompt in the batches of ``plan``, those holding
+    the calibration's rows first: their half scores give the bound (``calibrate``) in the shapes it bounds and the
+    threshold (or ``threshold`` as given). Every other row under it (its margin read after ``prior`` if given) or not
+    finite is rescored in float32 (``rescore``). ``prefix``: the float32 ``PrefixCache``; ``on_batch`` gets each batch's
+    final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` and ``non_finite`` (input positions),
+    ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration: its float32 pass and its rows' share
+    of their half batches). Notebook 05, section 3."""
     start = time.perf_counter()
     plan.setdefault("progress", False)
     k = min(CALIBRATION if calibration is None else calibration, len(prompts))
     if threshold is None and k < 1:
         raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
+    if whole is not None and whole.dtype != getattr(torch, dtype):
+        raise ValueError(f"whole= is a {whole.dtype} model, not {dtype}: pass half_copy(model, {dtype!r})")
     log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
     shift = None if prior is None else prior.for_labels(scorer.labels)
     bound, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
@@ -234,9 +234,10 @@ def score_verified(
             on_batch([rescored[j] for j in items], scores, was_full)
 
     began = time.perf_counter()
-    runner, runner_prefix = whole or (model, prefix)  # NonFiniteScores below: those rows are in ``broken``
-    with contextlib.nullcontext() if whole else mixed_precision(model, dtype), contextlib.suppress(NonFiniteScores):
-        score_batched(runner, tokenizer, scorer, prompts, prefix=runner_prefix, on_batch=checked, first=sample, **plan)
+    runner, rounding = (model, mixed_precision(model, dtype)) if whole is None else (whole, contextlib.nullcontext())
+    own = prefix if whole is None or prefix is None else PrefixCache(whole, tokenizer, prefix.text)
+    with rounding, contextlib.suppress(NonFiniteScores):  # NonFiniteScores: those rows are in ``broken``
+        score_batched(runner, tokenizer, scorer, prompts, prefix=own, on_batch=checked, first=sample, **plan)
     phases["half"] = time.perf_counter() - began
     if bound is not None:  # the calibration rows' share of their half batches counts as calibration
         phases["calibration"] = bound.seconds
@@ -264,9 +265,8 @@ def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows) -> tup
         close = [i for i in near_ties(result, threshold) if i not in exact]
         if not close:
             return result, prior, added
-        log_scores[close] = rescore_rows(close)
+        log_scores[close], added = rescore_rows(close), added + close
         exact.update(close)
-        added += close
 
 
 def choose_half(profile) -> tuple[str | None, str]:

@@ -60,6 +60,17 @@ def test_no_row_whose_margin_clears_the_error_can_change_its_label():
     assert flipped > 0, "some near ties do flip: the threshold is what saves them"
 
 
+def check_the_bound(verified, half, reference, sample):
+    """The bound was measured on ``sample``'s rows of the half pass ``half`` (the job's own batches); those rows keep
+    float32's scores; of the rest exactly the near ties were rescored, to float32's, and the others keep ``half``'s."""
+    info, rescored = verified.info, verified.info["rescored"]
+    assert info["margin_error"] == pytest.approx(margin_error(half[sample], reference[sample]), abs=1e-4)
+    assert rescored == [i for i in near_ties(half, info["threshold"]) if i not in sample]
+    assert torch.allclose(verified.log_scores[rescored + sample], reference.log_scores[rescored + sample], atol=1e-4)
+    kept = [i for i in range(len(reference)) if i not in rescored and i not in sample]
+    assert kept and torch.equal(verified.log_scores[kept], half.log_scores[kept]), "the same batches, in another order"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_model, tickets, few_shot, dtype):
     model, tokenizer, _ = any_model
@@ -95,14 +106,7 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
     with mixed_precision(model, dtype):
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", 8, progress=False)
     assert margin_error(half[rest], reference[rest]) > 0, "the block ran the model in half precision"
-    assert info["margin_error"] == pytest.approx(margin_error(half[sample], reference[sample]), abs=1e-4)
-    # the calibration rows keep float32's scores; of the rest, exactly the near ties were rescored, to float32's
-    assert torch.allclose(verified.log_scores[sample], reference.log_scores[sample], atol=1e-4)
-    rescored = info["rescored"]
-    assert rescored == [i for i in near_ties(half, info["threshold"]) if i not in sample]
-    assert torch.allclose(verified.log_scores[rescored], reference.log_scores[rescored], atol=1e-4)
-    kept = [i for i in rest if i not in rescored]
-    assert torch.equal(verified.log_scores[kept], half.log_scores[kept]), "the same batches, in another order"
+    check_the_bound(verified, half, reference, sample)
     everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), strategy="loop")
     assert len(everything.info["rescored"]) == len(prompts) - everything.info["calibration"]
     assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
@@ -125,24 +129,24 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_verified_path_on_a_wholly_rounded_copy_keeps_every_label(tiny_qwen, tickets, few_shot, dtype):
-    """``whole``: the half pass runs on ``half_copy`` (every activation rounded) and its own prefix cache; calibration
-    and rescoring stay on the float32 model."""
+    """``whole``: the half pass runs on ``half_copy`` (every activation rounded) with its own copy of the prefix cache;
+    calibration and rescoring stay on the float32 model."""
     model, tokenizer, _ = tiny_qwen
     scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"], few_shot)
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
-    half = half_copy(model, dtype)
-    whole = half, PrefixCache.for_prompts(half, tokenizer, labels=LABELS, examples=few_shot)
-    plan = dict(strategy="sorted", batch_size=8, prefix=prefix)
+    plan, half = dict(strategy="sorted", batch_size=8, prefix=prefix), half_copy(model, dtype)
     reference = score_batched(model, tokenizer, scorer, prompts, **plan, progress=False)
-    verified = score_verified(model, tokenizer, scorer, prompts, dtype, calibration=6, whole=whole, **plan)
+    verified = score_verified(model, tokenizer, scorer, prompts, dtype, calibration=6, whole=half, **plan)
     assert verified.predictions == reference.predictions and model.dtype == torch.float32
-    rounded = score_batched(half, tokenizer, scorer, prompts, "sorted", 8, prefix=whole[1], progress=False)
-    sample, rescored = calibration_rows(tokenizer, prompts, 6), verified.info["rescored"]
-    assert verified.info["margin_error"] == pytest.approx(margin_error(rounded[sample], reference[sample]), abs=1e-4)
-    assert rescored == [i for i in near_ties(rounded, verified.info["threshold"]) if i not in sample]
-    kept = [i for i in range(len(prompts)) if i not in rescored and i not in sample]
-    assert kept and torch.equal(verified.log_scores[kept], rounded.log_scores[kept].float()), "the copy's own scores"
-    assert torch.allclose(verified.log_scores[rescored + sample], reference.log_scores[rescored + sample], atol=1e-4)
+    own = PrefixCache(half, tokenizer, prefix.text)
+    rounded = score_batched(half, tokenizer, scorer, prompts, "sorted", 8, prefix=own, progress=False)
+    assert margin_error(rounded, reference) > 0, "the copy ran in half precision"
+    check_the_bound(verified, rounded, reference, calibration_rows(tokenizer, prompts, 6))
+    everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), whole=half, **plan)
+    assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4), "rescored on the float32 model"
+    other = "float16" if dtype == "bfloat16" else "bfloat16"
+    with pytest.raises(ValueError, match=f"not {other}: pass half_copy"):
+        score_verified(model, tokenizer, scorer, prompts, other, whole=half, **plan)
 
 
 def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the_plan(tiny_qwen, monkeypatch):
