@@ -1,13 +1,12 @@
 """Does the verified path give float32's label on every row in any row order, and what does being sure cost? The
 article's tickets (3 shots, prefix cache, sorted batches of 16) in ascending, descending and shuffled token-length
-order: ``score_verified`` in DTYPE against float32's scores of the same rows in the same order, with its threshold,
-the rows it rescored and where its time went. The overhead is calibration plus rescoring as a share of the half pass
-(issue 54: at most 15 %). Each order runs both roundings: mixed (``mixed_precision``, the matrix multiplies in
-DTYPE, what ``classify --dtype auto`` runs) and whole (``half_copy``: every weight and activation rounded; the copy
-is made once, its seconds printed), and the verified path's total seconds show which is faster here with float32's
-labels. Its speeds mean something only where
-DTYPE runs fast (notebook 00's profile: where ``classify --dtype auto`` picks it); its labels hold everywhere. On a
-CPU without fast bfloat16, run it on a twin.
+order: ``score_verified`` in DTYPE against float32's scores of the same rows in the same order, with its threshold, the
+rows it rescored and where its time went. The overhead is calibration plus rescoring as a share of the half pass (issue
+54: at most 15 %). Each order runs both roundings: mixed (``mixed_precision``, the matrix multiplies in DTYPE, what
+``classify --dtype auto`` runs) and whole (``half_copy``: every weight and activation rounded; the copy is made once,
+its seconds printed), and the verified path's total seconds show which is faster here with float32's labels. Its speeds
+mean something only where DTYPE runs fast (notebook 00's profile: where ``classify --dtype auto`` picks it); its labels
+hold everywhere. On a CPU without fast bfloat16, run it on a twin.
 
 Run: .venv/bin/python benchmarks/verified_orders.py [MODEL] [DTYPE] [N]   (default: embedded bfloat16 600)
 """

@@ -108,7 +108,7 @@ def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScor
 
 
 def rounding_step(scores: LabelScores, dtype: str) -> float:
-    """The least threshold (no error seen proves none): a ``dtype`` step at the top 2 scores. Notebook 05, section 2."""
+    """The least threshold (a zero error measured is no proof): a ``dtype`` step at the top 2 scores. Notebook 05."""
     return torch.finfo(getattr(torch, dtype)).eps * float(scores.log_scores.topk(2, dim=-1).values.abs().max())
 
 
