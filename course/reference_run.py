@@ -16,6 +16,7 @@ from unittest import mock
 import nbformat  # the course's tools run in the course folder, where requirements.txt installs it
 
 ROOT = Path(__file__).resolve().parent.parent
+WIDGET = "application/vnd.jupyter.widget-view+json"
 SKIPPED_TAGS = {"parameters", "injected-parameters"}  # parameter cells may differ: papermill injects its own
 PARAMETERS = {"MODEL": "embedded", "SCALE": "default"}  # the same model and sizes on every machine
 
@@ -59,6 +60,8 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     for cell in notebook.cells:  # papermill's parameters cell is the run's bookkeeping: collapsed, as the setup cell
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+        if cell.cell_type == "code":  # a saved progress bar is a widget whose saved view is its first frame, 0 %
+            cell.outputs = [out for out in cell.outputs if WIDGET not in out.get("data", {})]
     nbformat.write(notebook, path)
 
 
@@ -85,8 +88,8 @@ def run(folder: Path, notebooks: list[Path] | None = None) -> list[tuple[Path, f
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"== {source.relative_to(ROOT)}", flush=True)
         parameters, start = {**PARAMETERS, "OUTPUT_DIR": str(target.parent)}, time.perf_counter()
-        # A saved progress bar is a widget whose saved view is its first frame (0 %): copies made for reading run
-        # without bars (tqdm's and the hub's); the kernel inherits this process's environment.
+        # Copies made for reading run without the hub's bars and tqdm's default ones (the kernel inherits this
+        # process's environment); ``stamp`` drops the bars the helpers draw (they pass ``disable`` themselves).
         with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}):
             options = dict(parameters=parameters, cwd=str(target.parent), progress_bar=False, kernel_name="python3")
             papermill.execute_notebook(str(source), str(target), **options)

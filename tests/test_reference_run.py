@@ -5,6 +5,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import nbformat
 import papermill
 import pytest
 
@@ -55,3 +56,18 @@ def test_only_refuses_a_number_no_notebook_has(monkeypatch, tmp_path, fake_paper
     with pytest.raises(SystemExit):
         reference_run.main()
     assert "no notebook numbered 99" in capsys.readouterr().err and not fake_papermill, "nothing runs on a bad number"
+
+
+def test_a_stamped_copy_keeps_no_progress_bar_frozen_at_its_first_frame(tmp_path):
+    """A tqdm bar saved as a widget shows 0 % to every reader: the copy drops it and keeps the cell's other outputs."""
+    bar = nbformat.v4.new_output(
+        "display_data", data={reference_run.WIDGET: {"model_id": "x"}, "text/plain": "2 rows x 2 rounds:   0%"}
+    )
+    printed = nbformat.v4.new_output("stream", name="stdout", text="loop at 1: 3.50 items/s")
+    cell = nbformat.v4.new_code_cell("race()", outputs=[bar, printed])
+    path = tmp_path / "03.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
+    reference_run.stamp(path, "test machine", 1.0, tmp_path / "source.ipynb")
+    stamped = nbformat.read(path, as_version=4)
+    assert stamped.cells[0].cell_type == "markdown" and "test machine" in stamped.cells[0].source
+    assert [out.get("text") for out in stamped.cells[1].outputs] == ["loop at 1: 3.50 items/s"]
