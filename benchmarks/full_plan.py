@@ -2,7 +2,8 @@
 middle block of every ``every``, alternating repeats, each block scaled to its stratum), then on all 600 tickets
 (``every=1``: nothing estimated), in the same process; the sample's repeats half before the full runs, half after,
 so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints each row's
-two rates and their ratio, and each group's verdict (its first row against the others) from both.
+two rates and their ratio, and each group's verdict (its first row against the others) from both, by the series' one
+rule: at the default 2 rounds it can only say "within noise" or "no verdict at this size" (``--repeats 4 --whole 4``).
 
     python benchmarks/full_plan.py                    # 03's race: about 40 minutes on a slow 2-core CPU
     python benchmarks/full_plan.py --rows loop:1:3:16:18,sorted_prefix:16:3:16:18 --repeats 3
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from helpers.bench import POOL, STRATEGIES, Row, sample_blocks, sweep
+from helpers.bench import POOL, STRATEGIES, Row, Sample, sample_blocks, sweep
 from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
 from helpers.models import load_model, machine_name
 from helpers.prefix_cache import PrefixCache
@@ -52,7 +53,7 @@ def main() -> None:
             cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
 
         def timed(k, repeats):
-            return sweep(model, tokenizer, scorer, prompts, keys, block, k, repeats, cache, progress=False)[0]
+            return sweep(model, tokenizer, scorer, prompts, keys, Sample(block, k, repeats), cache, progress=False)[0]
 
         sample = timed(every, args.repeats - args.repeats // 2)
         whole = timed(1, args.whole)
@@ -67,6 +68,9 @@ def main() -> None:
                 end="",
             )
             print(f" | all {POOL} {w.items_per_s:.2f} (repeats {rounds[1]}) | sample / all = {ratio:.3f}", flush=True)
+        for key in keys[1:]:  # the group's verdicts by the series' one rule (helpers.timing.judge_spreads)
+            for where, rows in (("sample", sample), (f"all {POOL}", whole)):
+                print(f"  {where}: {rows[key].timing.verdict(rows[keys[0]].timing)}", flush=True)
         lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
         for k in sorted({3, 6, every}):
             blocks, strata = sample_blocks(lengths, block, k)

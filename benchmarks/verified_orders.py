@@ -8,7 +8,8 @@ its seconds printed), and the verified path's total seconds show which is faster
 mean something only where DTYPE runs fast (notebook 00's profile: where ``classify --dtype auto`` picks it); its labels
 hold everywhere. On a CPU without fast bfloat16, run it on a twin.
 
-Run: .venv/bin/python benchmarks/verified_orders.py [MODEL] [DTYPE] [N]   (default: embedded bfloat16 600)
+Run: .venv/bin/python benchmarks/verified_orders.py [MODEL] [DTYPE] [N] [ROUNDINGS]   (default: embedded bfloat16 600
+mixed,whole; ``mixed`` alone is what classify runs, in half the time)
 """
 
 import os
@@ -27,7 +28,7 @@ from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer
 
 
-def main(model_name: str, dtype: str, n: int) -> None:
+def main(model_name: str, dtype: str, n: int, chosen: list[str]) -> None:
     model, tokenizer, info = load_model(model_name, dtype="float32", verbose=False)
     examples = few_shot_examples(3)
     prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in make_tickets(n, style="article")["text"]]
@@ -35,7 +36,8 @@ def main(model_name: str, dtype: str, n: int) -> None:
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
     plan = dict(strategy="sorted", batch_size=16, prefix=prefix, progress=False)
     began = time.perf_counter()
-    roundings = {"mixed": None, "whole": half_copy(model, dtype)}
+    roundings = {"mixed": None, "whole": half_copy(model, dtype) if "whole" in chosen else None}
+    roundings = {name: roundings[name] for name in chosen}
     copied = time.perf_counter() - began
     orders = {
         "ascending": sorted(range(n), key=lambda i: lengths[i]),
@@ -75,4 +77,5 @@ if __name__ == "__main__":
         args[0] if args else "embedded",
         args[1] if len(args) > 1 else "bfloat16",
         int(args[2]) if len(args) > 2 else 600,
+        (args[3] if len(args) > 3 else "mixed,whole").split(","),
     )

@@ -1,13 +1,17 @@
 """Command line: ``python -m helpers check`` (notebook 00), ``python -m helpers bench ...`` (notebook 04),
 and ``python -m helpers classify ...`` (your own files)."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 
 COLUMNS = "strategy batch_size dtype items_per_s items_per_s_min items_per_s_max speedup_vs_loop padding_fraction"
 COLUMNS += " plan_padding agreement max_abs_diff"
+# The parsers' choices and defaults, written here so that check and every --help run without torch or pandas; a test
+# ties each to its module's own (models.DEVICES, batching.STRATEGIES, bench.Design, classify's, prior.PRIORS).
+DEVICES, PRIORS = ("auto", "cpu", "cuda", "mps"), ("none", "content-free", "job", "labelled")
+BATCHING = ("loop", "arbitrary", "sorted", "token_budget")
+BENCH_STRATEGIES = ("loop", "loop_prefix", "sorted", "sorted_prefix")
+POOL, BATCH_SIZE, PRIOR, JOB_PRIOR_MIN_ROWS = 600, 16, "job", 10
 
 
 def _csv_list(kind):
@@ -22,8 +26,6 @@ def _csv_list(kind):
 
 
 def _add_common(parser, run, model_help: str, quiet_help: str) -> None:
-    from .models import DEVICES
-
     parser.set_defaults(run=run)
     parser.add_argument("--model", dest="model_name", metavar="MODEL", default=None, help=model_help)
     auto = "auto: CUDA, then Apple's MPS, then the CPU (default: $SLM_DEVICE, else auto)"
@@ -32,13 +34,11 @@ def _add_common(parser, run, model_help: str, quiet_help: str) -> None:
 
 
 def _keywords(args) -> dict:
-    """The parsed options as keywords: each option's dest is its name in ``run_benchmark`` or ``classify_file``."""
+    """The parsed options as keywords: each dest is its name in ``Design``, ``run_benchmark`` or ``classify_file``."""
     return {key: value for key, value in vars(args).items() if key not in ("command", "run", "csv_path")}
 
 
 def add_bench_parser(commands) -> None:
-    from .bench import POOL, STRATEGIES
-
     bench = commands.add_parser("bench", help="notebook 04's sweep: the techniques against the float32 loop")
     _add_common(bench, run_bench, "hub id, local path, 'embedded' or 'twin:qwen2.5-0.5b'", "no progress bars")
     add = bench.add_argument
@@ -46,8 +46,8 @@ def add_bench_parser(commands) -> None:
     every = "time every k-th block of the sorted tickets and scale (default 10; 1: time all)"
     add("--every", type=int, default=10, help=every)
     add("--shots", type=int, default=3, help="few-shot examples in the prompt (default 3)")
-    strategies = f"comma-separated, from {', '.join(STRATEGIES)} (default: all)"
-    add("--strategies", type=_csv_list(str), default=list(STRATEGIES), help=strategies)
+    strategies = f"comma-separated, from {', '.join(BENCH_STRATEGIES)} (default: all)"
+    add("--strategies", type=_csv_list(str), default=list(BENCH_STRATEGIES), help=strategies)
     sizes = "comma-separated; each divides the largest (default 1,2,4,8,16,32)"
     add("--batch-sizes", type=_csv_list(int), default=[1, 2, 4, 8, 16, 32], help=sizes)
     dtypes = "comma-separated; the first is the reference (default float32)"
@@ -58,9 +58,10 @@ def add_bench_parser(commands) -> None:
 
 
 def run_bench(args) -> int:
-    from .bench import run_benchmark
+    from .bench import Design, run_benchmark
 
-    frame, _ = run_benchmark(**_keywords(args))
+    options = _keywords(args)
+    frame, _ = run_benchmark(design=Design(**{name: options.pop(name) for name in vars(Design())}), **options)
     first = frame.iloc[0]
     shots = f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
     random = " · random weights: timing only" if first.timing_only else ""
@@ -78,10 +79,6 @@ def run_bench(args) -> int:
 
 
 def add_classify_parser(commands) -> None:
-    from .batching import STRATEGIES
-    from .classify import BATCH_SIZE, JOB_PRIOR_MIN_ROWS, PRIOR
-    from .prior import PRIORS
-
     classify = commands.add_parser("classify", help="classify the texts of a CSV or JSONL file")
     _add_common(classify, run_classify, "hub id, local path or 'embedded' (default: as load_model)", "no progress bar")
     add = classify.add_argument
@@ -95,7 +92,7 @@ def add_classify_parser(commands) -> None:
     dtype += "CUDA bfloat16 from compute capability 8.0, float16 below it where a probe forward gives finite logits)"
     add("--dtype", default=None, help=dtype)
     strategy = "batching: sorted (default), loop, arbitrary or token_budget"
-    add("--strategy", default="sorted", choices=STRATEGIES, help=strategy)
+    add("--strategy", default="sorted", choices=BATCHING, help=strategy)
     add("--batch-size", type=int, default=BATCH_SIZE, help=f"rows per batch (default {BATCH_SIZE})")
     add("--token-budget", type=int, default=None, help="padded tokens per batch; implies --strategy token_budget")
     add("--no-prefix-cache", dest="prefix_cache", action="store_false", help="run every prompt in full")
@@ -107,9 +104,14 @@ def add_classify_parser(commands) -> None:
     verify = "re-run K random rows one at a time and fail on any disagreement"
     add("--verify", type=int, default=0, metavar="K", help=verify)
     prior = "the label prior divided out of every row's probabilities: the job's own mean (needs the whole job), "
-    prior += f"content-free inputs scored through the prompt, or none (default: {PRIOR} from {JOB_PRIOR_MIN_ROWS} "
-    prior += "rows, content-free below; docs/classify.md)"
+    prior += "content-free inputs scored through the prompt, fitted to the file's own 'label' column (labelled: a "
+    prior += f"sample of your queue, to save), or none (default: {PRIOR} from {JOB_PRIOR_MIN_ROWS} rows, content-free "
+    prior += "below; docs/classify.md)"
     add("--prior", default=None, choices=PRIORS, help=prior)
+    prior_from = "divide out a prior an earlier run saved (--save-prior): a row's label no longer depends on the rest "
+    add("--prior-from", default=None, metavar="FILE", help=prior_from + "of its file")
+    add("--save-prior", default=None, metavar="FILE", help="save the prior this run divides out, as JSON")
+    add("--label-column", default="label", help="--prior labelled: the column of each row's true label (default label)")
     add("--truncate", action="store_true", help="cut texts longer than the context (keeps the head)")
     add("--overwrite", action="store_true", help="replace an existing output file")
 
@@ -152,10 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except ImportError as error:  # a sub-command imports its requirements as it runs (check itself needs none)
+        print(f"error: {error}: python -m helpers check lists what is missing, with each fix", file=sys.stderr)
+        return 2
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         # Wait until every process has said a shared failure: the launcher, seeing one exit, could stop the rest first.
-        from .classify import ProcessFailure
+        from .processes import ProcessFailure
 
         if isinstance(error, ProcessFailure) and (group := _process_group()):
             group.barrier()

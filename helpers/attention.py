@@ -5,9 +5,7 @@ shared head once per query head (``repeat_kv``) whenever a mask is given (a padd
 SDPA reads the shared heads itself (``enable_gqa=True``), and on CPU its kernel takes masks that way (on CUDA it would
 fall back to a slow kernel: ``use_gqa_attention`` switches only CPU models). The agreement checks cover it."""
 
-from __future__ import annotations
-
-import torch
+from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
@@ -22,9 +20,7 @@ def sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     # As in transformers: causal only without a mask (no static cache here, whose empty slots would need cropping).
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
     options = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, **options, enable_gqa=query.shape[1] != key.shape[1]
-    )
+    out = scaled_dot_product_attention(query, key, value, **options, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -4,11 +4,9 @@ A padded batch costs (rows x its longest row) tokens. Sorting by token length pu
 batch pads only to its own maximum; a token budget caps (rows x longest row) instead of rows, so the long tail never
 blows memory. Results always return to their input slots."""
 
-from __future__ import annotations
-
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -36,7 +34,6 @@ class PaddingReport:
 
     @property
     def padding_fraction(self) -> float:
-        """Padding tokens / processed tokens."""
         return (self.processed_tokens - self.real_tokens) / self.processed_tokens if self.processed_tokens else 0.0
 
     def as_dict(self) -> dict:
@@ -89,34 +86,45 @@ def global_padding_factor(lengths: Sequence[int]) -> float:
     return len(lengths) * max(lengths) / sum(lengths)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """``score_batched``'s batches in full: ``plan_batches``' strategy and sizes; ``first``: items whose batches run
+    before the others (the verified path's calibration sample, in the job's own batches); ``on_batch(items, log_scores,
+    full)``: called as each batch finishes; ``unclean``: a prompt not token-clean at the prefix runs in full ("full",
+    in ``.info["full_prompt_items"]``) or stops the run ("raise"), as one not starting with it does. Notebook 03."""
+
+    strategy: str = "sorted"
+    batch_size: int = 16
+    token_budget: int | None = None
+    first: Collection[int] = ()
+    on_batch: Callable | None = None
+    unclean: str = "full"
+
+
 def score_batched(
     model,
     tokenizer,
     scorer: LabelScorer,
     prompts: Sequence[str],
-    strategy: str = "sorted",
-    batch_size: int = 16,
-    token_budget: int | None = None,
+    strategy: str | Batching = "sorted",
+    batch_size: int | None = None,
     prefix=None,
     progress: bool = True,
-    unclean: str = "full",
-    on_batch=None,
-    first: Collection[int] = (),
 ) -> LabelScores:
-    """Label scores for every prompt, in input order, timing and padding in ``.info``. With ``prefix`` (a
-    ``PrefixCache``) only each prompt's tokens after it run; a prompt not token-clean there runs in full
-    (``unclean="full"``, listed in ``.info["full_prompt_items"]``) or stops the run (``"raise"``), as one not starting
-    with it does. ``on_batch(items, log_scores, full)``: called as each batch finishes; the batches holding an item of
-    ``first`` run before the others (the verified path's calibration sample, in the job's own batches). Notebook 03,
-    section 2."""
+    """Label scores for every prompt, in input order, timing and padding in ``.info``. ``strategy``: a ``plan_batches``
+    strategy with ``batch_size`` rows per batch (default 16), or a ``Batching`` (a token budget, an order, a call per
+    batch). With ``prefix`` (a ``PrefixCache``) only each prompt's tokens after it run. Notebook 03, section 2."""
+    how = strategy if isinstance(strategy, Batching) else Batching(strategy)
+    if batch_size is not None and how is strategy:
+        raise ValueError("a Batching holds its own batch_size: give it there")
+    how = how if batch_size is None else replace(how, batch_size=batch_size)
     if len(prompts) == 0:
         raise ValueError("no prompts to score")
-    if unclean not in ("full", "raise"):
-        raise ValueError(f"unclean must be 'full' or 'raise', got {unclean!r}")
+    if how.unclean not in ("full", "raise"):
+        raise ValueError(f"unclean must be 'full' or 'raise', got {how.unclean!r}")
     sync(model.device)  # earlier queued GPU work is not this run's
     start = time.perf_counter()
-    cached: dict[int, list[int]] = {}  # item -> its tokens after the prefix
-    full: dict[int, list[int]] = {}  # item -> its whole prompt's tokens
+    cached, full = {}, {}  # item -> its tokens after the prefix, or (run in full) all its tokens
     # Every prompt is tokenized once, in one call; the prefix split cuts the ids, never the text.
     for i, (prompt, ids) in enumerate(zip(prompts, encode_prompts(tokenizer, prompts))):
         try:
@@ -124,34 +132,32 @@ def score_batched(
                 cached[i] = prefix.split(prompt, i, ids=ids)
                 continue
         except UncleanSplitError:
-            if unclean == "raise":
+            if how.unclean == "raise":
                 raise
         full[i] = ids
     tokenized = time.perf_counter()
     # Two groups, each planned on its own: rows after the cached prefix, and rows run in full.
     groups = [(list(group), list(group.values()), cache) for group, cache in ((cached, prefix), (full, None)) if group]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
-    ran: list[list[int]] = []  # every batch's input positions, in the order the batches ran
-    batch_seconds: list[float] = []  # and each one's seconds (its scores' copy to the host waits for the device)
-    planned = []  # (input positions, their rows, cache, shape) of every batch, in the order they run
+    # every batch's input positions as it ran, and its seconds (its scores' copy to the host waits for the device)
+    ran, batch_seconds, planned = [], [], []  # planned: (input positions, their rows, cache, shape) in running order
     for items, rows, cache in groups:
         lengths, past = [len(row) for row in rows], cache.length if cache is not None else 0
         # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.
-        batches = plan_batches(lengths, strategy, batch_size, token_budget, tokens_per_row=len(scorer.tail) + past)
+        batches = plan_batches(lengths, how.strategy, how.batch_size, how.token_budget, len(scorer.tail) + past)
         # shapes: (rows, padded width: the longest row plus the label tokens appended to every row, cached prefix)
         shapes = [(len(batch), max(lengths[i] for i in batch) + len(scorer.tail), past) for batch in batches]
         planned += [([items[j] for j in b], [rows[j] for j in b], cache, shape) for b, shape in zip(batches, shapes)]
-    planned.sort(key=lambda batch, first=set(first): first.isdisjoint(batch[0]))  # stable: else the plan's order
+    planned.sort(key=lambda batch, first=set(how.first): first.isdisjoint(batch[0]))  # stable: else the plan's order
     passes = [shape for *_, shape in planned]  # every forward pass's shape, in the order they run
-    with tqdm(total=len(prompts), desc=strategy, disable=not progress, leave=False) as bar:
+    with tqdm(total=len(prompts), desc=how.strategy, disable=not progress, leave=False) as bar:
         for slots, rows, cache, _ in planned:
             began = time.perf_counter()
-            # Scores go back to their input slots: batches run in the plan's order, ``first``'s first.
             scores[slots] = label_log_probs(model, scorer, rows, tokenizer.pad_token_id, cache)
             batch_seconds.append(time.perf_counter() - began)
             ran.append(slots)
-            if on_batch is not None:
-                on_batch(slots, scores[slots], cache is None and prefix is not None)
+            if how.on_batch is not None:
+                how.on_batch(slots, scores[slots], cache is None and prefix is not None)
             bar.update(len(slots))
     sync(model.device)
     seconds = time.perf_counter() - start
@@ -159,9 +165,9 @@ def score_batched(
         bad = torch.isnan(scores).any(-1).nonzero().flatten().tolist()
         raise NonFiniteScores(f"NaN scores for items {bad[:10]}: check the attention mask and dtype")
     info = {
-        "strategy": strategy,
-        "batch_size": 1 if strategy == "loop" else (None if strategy == "token_budget" else batch_size),
-        "token_budget": token_budget if strategy == "token_budget" else None,
+        "strategy": how.strategy,
+        "batch_size": 1 if how.strategy == "loop" else (None if how.strategy == "token_budget" else how.batch_size),
+        "token_budget": how.token_budget if how.strategy == "token_budget" else None,
         "prefix_tokens": prefix.length if prefix is not None else 0,
         "full_prompt_items": sorted(full) if prefix is not None else [],
         "n": len(prompts),

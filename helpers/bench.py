@@ -3,11 +3,9 @@ sample of the reference's 600 tickets, scaled to all 600 by one stated rule, and
 
 **The sample** (``sample_blocks``): the tickets sorted longest first, cut into blocks of the largest batch size (a
 whole number of batches at every size), the middle block of every ``every`` consecutive ones timed: its *stratum*.
-**The rule** (``Row.plan``): each timed block stands for its stratum, its seconds times the stratum's padded tokens
-over its own, as the contender plans them. A stratum holds neighbours in the length order, so the rule assumes only
-that neighbouring batches cost in proportion to their tokens (not the long tail and the short end alike: a loop's
-per-call cost, attention growing with length). ``every=1`` times all 600; ``benchmarks/full_plan.py`` sets a sample
-beside the full run. **The spread** of a number is its fastest and slowest repeat, each scaled the same way."""
+**The rule** (``Row.plan``): each timed block's seconds times its stratum's padded tokens over its own, as the
+contender plans them (why per stratum, and ``benchmarks/full_plan.py``'s check against the full run: docs/scales.md).
+``every=1`` times all 600. **The spread** of a number is its fastest and slowest repeat, each scaled the same way."""
 
 from __future__ import annotations
 
@@ -29,19 +27,13 @@ from .scoring import LabelScorer, LabelScores, score_one_by_one
 from .timing import Timing
 
 POOL = 600  # the reference's tickets: the full-scale workload
-# name -> (batching strategy, uses the prefix cache)
-STRATEGIES = {
-    "loop": ("loop", False),
-    "loop_prefix": ("loop", True),
-    "sorted": ("sorted", False),
-    "sorted_prefix": ("sorted", True),
-}
+# name -> (batching strategy, uses the prefix cache): loop, loop_prefix, sorted, sorted_prefix
+STRATEGIES = {base + tail: (base, bool(tail)) for base in ("loop", "sorted") for tail in ("", "_prefix")}
 LOOPS = {"sorted": "loop", "sorted_prefix": "loop_prefix"}  # sorted batches of one are the loop
 
 
 def sample_blocks(lengths: Sequence[int], block: int, every: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The timed blocks, ``block`` consecutive tickets of the sorted order (longest first), the middle one of every
-    ``every`` consecutive blocks, and their strata (those blocks). Notebook 03, section 4; notebook 04, section 1."""
+    """The timed blocks and their strata (the module's sample). Notebook 03, section 4; notebook 04, section 1."""
     if block < 1 or every < 1:
         raise ValueError(f"block and every must be >= 1, got block={block}, every={every}")
     order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
@@ -78,10 +70,7 @@ class Row:
         weights by the rule, the plan's padding (after a ``prefix_length`` cache, if used). Notebook 04, section 1."""
         strategy, uses_prefix = STRATEGIES[name]
         planned = [n - prefix_length for n in lengths] if uses_prefix else list(lengths)  # tokens after the prefix
-
-        def padded(items):
-            return processed_tokens(planned, items, strategy, batch_size)
-
+        padded = lambda items: processed_tokens(planned, items, strategy, batch_size)  # noqa: E731
         blocks, strata = blocks_and_strata
         padding = 1 - sum(planned) / padded(range(len(planned)))
         weights = [padded(stratum) / padded(chunk) for chunk, stratum in zip(blocks, strata)]
@@ -105,7 +94,7 @@ class Row:
 
     @property
     def timing(self) -> Timing:
-        """The repeats' estimates as a ``Timing``: ``verdict`` and ``overlaps`` compare rows by the series' one rule."""
+        """The repeats' estimates as a ``Timing``: ``judge`` and ``verdict`` compare rows by the series' one rule."""
         return Timing(f"{self.name.replace('_', ' + ')} at {self.batch_size}", list(self.seconds))
 
     @property
@@ -121,10 +110,6 @@ class Row:
         if len(self.sample) == self.n:
             return f"all {self.n} timed"
         return f"{len(self.sample)} of {self.n} timed, scaled x{self.n / len(self.sample):.1f} by strata"
-
-    def beyond_spread(self, other: Row) -> bool:
-        """Whether the two rows' repeats do not overlap (and each has at least two): a difference beyond the noise."""
-        return not self.timing.overlaps(other.timing)
 
     def __str__(self) -> str:
         low, high = self.spread
@@ -166,23 +151,30 @@ def _joined(parts: Sequence[LabelScores]) -> LabelScores:
     return LabelScores(parts[0].labels, torch.cat([part.log_scores for part in parts]), info)
 
 
-def sweep(model, tokenizer, scorer, prompts, rows, block: int, every: int, repeats: int, prefix=None, progress=True):
-    """Time every (strategy, batch size) row on the same sample of ``prompts`` (``sample_blocks``): an untimed batch of
-    each row's size first (it allocates memory and picks kernels; running out of memory there costs the row alone, said
-    in the returned lines), then ``repeats`` rounds in alternating order, each block one ``score_batched`` call (on
-    ``prefix`` where the row uses it), scaled by the rule. Notebook 03, section 4; notebook 04, section 1."""
+@dataclass(frozen=True)
+class Sample:
+    """What ``sweep`` times, and how often: the middle block of ``block`` sorted tickets in every ``every`` blocks
+    (``sample_blocks``), in ``repeats`` rounds. Notebook 03, section 4; notebook 04, section 1."""
+
+    block: int
+    every: int = 10
+    repeats: int = 3
+
+
+def sweep(model, tokenizer, scorer, prompts, rows, sample: Sample, prefix=None, progress=True):
+    """Time every (strategy, batch size) row on the same ``sample`` of ``prompts``: an untimed batch of each size first
+    (out of memory there costs the row alone, said in the returned lines), then the rounds in alternating order, each
+    block one ``score_batched`` call, scaled by the rule. Notebook 03, section 4; notebook 04, section 1."""
     if prefix is None and any(STRATEGIES[name][1] for name, _ in rows):
         raise ValueError("a row on the prefix cache needs prefix=PrefixCache(...)")
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-    sample = sample_blocks(lengths, block, every)
-    found = {key: Row.plan(*key, lengths, sample, prefix.length if prefix is not None else 0) for key in rows}
+    blocks = sample_blocks(lengths, sample.block, sample.every)
+    found = {key: Row.plan(*key, lengths, blocks, prefix.length if prefix is not None else 0) for key in rows}
     failed = []
 
     def run(row: Row, items: Sequence[int]) -> LabelScores:
         chosen, cached = [prompts[i] for i in items], prefix if row.uses_prefix else None
-        return score_batched(
-            model, tokenizer, scorer, chosen, row.strategy, row.batch_size, prefix=cached, progress=False
-        )
+        return score_batched(model, tokenizer, scorer, chosen, row.strategy, row.batch_size, cached, progress=False)
 
     for key, row in list(found.items()):
         try:
@@ -194,7 +186,7 @@ def sweep(model, tokenizer, scorer, prompts, rows, block: int, every: int, repea
             del found[key]
             free_memory(model.device)
     keys = list(found)
-    for repeat in tqdm(range(repeats), desc=f"{len(keys)} rows x {repeats} rounds", disable=not progress):
+    for repeat in tqdm(range(sample.repeats), desc=f"{len(keys)} rows x {sample.repeats} rounds", disable=not progress):
         for key in keys if repeat % 2 == 0 else keys[::-1]:
             row = found[key]
             parts = [run(row, chunk) for chunk in row.blocks]
@@ -204,31 +196,34 @@ def sweep(model, tokenizer, scorer, prompts, rows, block: int, every: int, repea
     return found, failed
 
 
+@dataclass(frozen=True)
+class Design:
+    """What ``run_benchmark`` measures (``python -m helpers bench``'s options): each (strategy, batch size) row in each
+    dtype on ``n`` article tickets with ``shots`` examples, sampled as a ``Sample``. Notebook 04, section 1."""
+
+    strategies: Sequence[str] = tuple(STRATEGIES)
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)
+    dtypes: Sequence[str] = ("float32",)
+    shots: int = 3
+    n: int = POOL
+    every: int = 10
+    repeats: int = 3
+
+
 def run_benchmark(
-    model_name: str | None = None,
-    shots: int = 3,
-    strategies: Sequence[str] = tuple(STRATEGIES),
-    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    dtypes: Sequence[str] = ("float32",),
-    every: int = 10,
-    repeats: int = 3,
-    n: int = POOL,
-    device: str | None = None,
-    compile: bool = False,
-    progress: bool = True,
-    loaded: tuple | None = None,
+    model_name: str | None = None, design: Design = Design(), device=None, compile=False, progress=True, loaded=None
 ) -> tuple[pd.DataFrame, dict]:
-    """``python -m helpers bench`` and notebook 04's sweep: every (strategy, batch size) row in every dtype, timed on
-    the same sample (``sweep``), scaled to all ``n`` tickets, checked against the first dtype's loop on every sampled
-    ticket; a row out of device memory is left out with a line (``attrs["failed"]``). ``loaded``: a ``load_model``
+    """Every row of ``design`` in every dtype, timed by ``sweep``, checked against the first dtype's loop on every
+    sampled ticket; a row out of memory is left out with a line (``attrs["failed"]``). ``loaded``: a ``load_model``
     result to reuse. Returns the results (``runs/benchmark.csv``'s columns), the timed rows. Notebook 04, section 1."""
+    strategies, batch_sizes, dtypes, shots = design.strategies, design.batch_sizes, design.dtypes, design.shots
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(STRATEGIES)}")
-    block = max(batch_sizes)
-    if any(b < 1 or block % b for b in batch_sizes) or repeats < 1 or every < 1:
+    sample = Sample(max(batch_sizes), design.every, design.repeats)
+    if any(b < 1 or sample.block % b for b in batch_sizes) or sample.repeats < 1 or sample.every < 1:
         raise ValueError(f"batch sizes must each divide the largest ({list(batch_sizes)}); repeats and every >= 1")
-    texts, examples = make_tickets(n, seed=0, style="article")["text"].tolist(), few_shot_examples(shots)
+    texts, examples = make_tickets(design.n, seed=0, style="article")["text"].tolist(), few_shot_examples(shots)
     rows, frames, reference, swept = sweep_rows(strategies, batch_sizes), [], None, {}
     for dtype in dtypes:
         if loaded is not None and loaded[2].dtype == dtype:
@@ -240,16 +235,15 @@ def run_benchmark(
         scorer = LabelScorer(tokenizer, LABELS)
         prompts = [build_prompt(tokenizer, text, LABELS, examples) for text in texts]
         cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
-        found, failed = sweep(model, tokenizer, scorer, prompts, rows, block, every, repeats, cache, progress)
+        found, failed = sweep(model, tokenizer, scorer, prompts, rows, sample, cache, progress)
         if not found:
             raise RuntimeError(f"every row ran out of memory on {model.device.type}: {'; '.join(failed)}")
         if reference is None:  # the first dtype's loop, one ticket at a time: what every row must match
             loop = found.get(("loop", 1))  # the loop row already scored every sampled ticket that way
             timed = [prompts[i] for i in next(iter(found.values())).sample]
             reference = loop.scores if loop else score_one_by_one(model, tokenizer, scorer, timed, progress=progress)
-        frame = results_frame(found, reference, info, shots, cache.length)
-        frame.attrs["failed"] = [f"{line} ({dtype})" for line in failed]
-        frames.append(frame)
+        frames.append(results_frame(found, reference, info, shots, cache.length))
+        frames[-1].attrs["failed"] = [f"{line} ({dtype})" for line in failed]
         swept[dtype] = found
         free_memory(torch.device(info.device))
     results = pd.concat(frames, ignore_index=True)

@@ -1,5 +1,4 @@
-"""Checks: agreement with the one-ticket loop (identical labels, log-probs within a tolerance chosen by dtype:
-``tolerance_for``), and the statistics that say how sure a number is (intervals, a paired test)."""
+"""Checks: agreement with the one-ticket loop (``tolerance_for``, ``float_tolerance``), and how sure a number is."""
 
 from __future__ import annotations
 
@@ -11,11 +10,18 @@ import torch
 
 from .scoring import LabelScores
 
-# float32 paths differ from the reference only by summation order (~1e-5 on log-probs). Lower precision rounds every
-# layer: on the embedded model (24 few-shot tickets, batches of 8, prefix cache, CPU) float16 moved label log-probs up
-# to 0.04, bfloat16 up to 0.30, and 0.52 on the article's 600 tickets; each tolerance leaves a margin over that.
+# float32 paths differ from the reference only by summation order (at most 4e-5 on log-probs measured, docs/testing.md).
+# Lower precision rounds every layer: on the embedded model (24 few-shot tickets, batches of 8, prefix cache, CPU)
+# float16 moved label log-probs up to 0.04, bfloat16 up to 0.30, and 0.52 on the article's 600 tickets: with margins.
 FLOAT32_ATOL = 1e-3
 LOW_PRECISION_ATOL = {"float16": 0.1, "bfloat16": 0.75}
+
+
+def float_tolerance(values, dtype: torch.dtype = torch.float32, steps: float = 128) -> float:
+    """How far two computations of ``values`` (or scores' log-probs) may differ by summing in another order: ``steps``
+    rounding steps of ``dtype`` (eps) at their largest magnitude (25 at most measured, 128 allowed).
+    No lesson builds it: the tests' tolerances (docs/testing.md)."""
+    return steps * torch.finfo(dtype).eps * torch.as_tensor(getattr(values, "log_scores", values)).abs().max().item()
 
 
 @dataclass(frozen=True)
@@ -37,11 +43,9 @@ class Tolerance:
 def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
     """The agreement check for results computed in ``dtype`` (or its name). Notebook 01, section 3."""
     name = str(dtype).removeprefix("torch.")
-    if name == "float32":
-        return Tolerance(name, FLOAT32_ATOL, False)
-    if name not in LOW_PRECISION_ATOL:
+    if name != "float32" and name not in LOW_PRECISION_ATOL:
         raise ValueError(f"no agreement tolerance for dtype {name!r}: use float32, bfloat16 or float16")
-    return Tolerance(name, LOW_PRECISION_ATOL[name], True)
+    return Tolerance(name, LOW_PRECISION_ATOL.get(name, FLOAT32_ATOL), name != "float32")
 
 
 def agreement(reference: LabelScores, candidate: LabelScores, near_tie: float = 0.0) -> dict:
@@ -59,8 +63,7 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_A
     """Same label for every item and log-probs within ``atol``; the error names the first bad item (``item_names``,
     else "item i"). A ``Tolerance`` as ``atol`` sets ``near_ties`` too: in low precision a differing label is accepted
     where the reference's top two are within ``atol`` (rounding can order them either way). Notebook 01, section 3."""
-    if isinstance(atol, Tolerance):
-        atol, near_ties = atol.atol, atol.near_ties
+    atol, near_ties = (atol.atol, atol.near_ties) if isinstance(atol, Tolerance) else (atol, near_ties)
     name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
     reference, candidate = reference.raw, candidate.raw
     tie = atol if near_ties else 0.0  # a margin is never below 0: no label counts as a near tie then
@@ -73,7 +76,7 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_A
         raise AssertionError(f"{len(differs)} of {len(reference)} predictions differ; first: {first}")
     if not stats["max_abs_diff"] <= atol:  # written this way so NaN fails too
         worst = name((reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item())
-        raise AssertionError(f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.0e} (worst: {worst})")
+        raise AssertionError(f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.1e} (worst: {worst})")
     return stats
 
 
@@ -90,9 +93,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5 / (1 + z2 / n)
     # At the edges the formula gives 0 and 1 exactly, up to rounding: say so exactly.
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
 
 
 def mcnemar_exact(only_first: int, only_second: int) -> float:

@@ -17,15 +17,16 @@ import torch
 from tqdm.auto import tqdm
 
 from . import resume, tables
-from .batching import STRATEGIES, NonFiniteScores, score_batched
+from .batching import STRATEGIES, NonFiniteScores
 from .checks import assert_agrees, tolerance_for
-from .data import build_prompt, encode_prompt, uses_chat_template
-from .precision import calibrate, choose_half, near_ties, rescore, score_verified, settle_job_prior
+from .data import uses_chat_template
+from .precision import SAFETY, calibrate, choose_half, near_ties, rescore, run_plan, score_verified, settle_job_prior
 from .prefix_cache import PrefixCache
-from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior
+from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior, sample_prior, save_prior
+from .processes import Processes
 from .profile import machine_profile
 from .scoring import LabelScorer, LabelScores, score_one_by_one
-from .tables import InputError, one_line, rows_text
+from .tables import InputError, rows_text
 
 # Rows per batch by default. On 300 article rows (3 shots, prefix cache, 2-core Xeon) float32 ran 4.3-5.2 items/s at
 # 8 and 4.5-4.9 at 16, within noise; --dtype auto's half-precision pass 6.8-8.1 at 8 and 8.8-9.0 at 16.
@@ -33,54 +34,18 @@ BATCH_SIZE = 16
 # A run where this share of the rows (of at least COLLAPSE_MIN_ROWS) gets one label ends with a warning.
 COLLAPSE_SHARE = 0.9
 COLLAPSE_MIN_ROWS = 10
-# The label prior divided out of every row by default (helpers.prior; benchmarks/priors.py's table in docs/classify.md):
-# the job's own mean; a job of fewer rows, whose mean would be mostly its own rows, gets the content-free prior.
+# The label prior divided out of every row by default (helpers.prior; benchmarks/priors_imbalanced.py's table in
+# docs/classify.md): the job's own mean, whose balanced accuracy on 10-row jobs stayed within 5 points of 80-row jobs';
+# a job of fewer rows, whose mean would be mostly its own rows, gets the content-free prior.
 PRIOR = "job"
-JOB_PRIOR_MIN_ROWS = 30
+JOB_PRIOR_MIN_ROWS = 10
 
 
-class ProcessFailure(RuntimeError):
-    """A failure every process of a data-parallel run has learned of; each stops with its message."""
-
-
-def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
-    """(prompts, rows cut): a prompt too long for the model is an error, or cut at the head with ``truncate``."""
-    label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
-    overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
-    budget = max_tokens - label_room - overhead
-    if budget < 1:
-        alone = f"the instruction and few-shot examples alone take {overhead} of the model's {max_tokens} tokens"
-        raise InputError(alone)
-
-    def too_long(prompt: str) -> bool:
-        return len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens
-
-    prompts, cut = [], []
-    for row, text in enumerate(texts, start=1):
-        prompt = build_prompt(tokenizer, text, labels, examples)
-        if too_long(prompt):
-            cut.append(row)
-        if too_long(prompt) and truncate:
-            # Keep the head: a ticket's start usually says what it is about. Decoding and re-encoding can shift a
-            # token or two, so shrink until the prompt really fits.
-            ids, keep = encode_prompt(tokenizer, text), budget
-            while too_long(prompt) and keep > 0:
-                prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
-                keep -= 8
-            if too_long(prompt):
-                raise InputError(f"{source}: row {row}: cannot be cut to fit the model's {max_tokens}-token context")
-        prompts.append(prompt)
-    if cut and not truncate:
-        context = f"longer than the model's {max_tokens}-token context; pass --truncate to keep each ticket's head"
-        raise InputError(f"{source}: {rows_text(cut)}: {context}")
-    return prompts, cut
-
-
-def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, seed=0, dtype=None, shift=None) -> dict:
+def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, dtype=None, shift=None) -> dict:
     """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype.
     ``shift``: a verified half-precision run's (``--dtype auto``): labels identical to float32's after it (the run's
     prior, or 0.0), log-probs within the dtype's tolerance."""
-    rows = sorted(np.random.default_rng(seed).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
+    rows = sorted(np.random.default_rng(0).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
     numbers, exact, shift = [r + 1 for r in rows], shift is not None, 0.0 if shift is None else shift
     tolerance = replace(tolerance := tolerance_for(dtype or model.dtype), near_ties=tolerance.near_ties and not exact)
@@ -145,242 +110,408 @@ class ClassifyResult:
         return f"{rows} overall · {where}" + (prefix if self.prefix_cache else " · no prefix cache")
 
 
-def _step(state, work: Callable[[], Any]) -> Any:
-    """Run ``work`` on every process, then tell every process whether any failed: a process failing alone would
-    leave the others waiting in the next collective. Each stops with the lowest failing rank's message."""
-    from accelerate.utils import gather_object
+@dataclass(frozen=True)
+class Options:
+    """``classify_file``'s options: the command's flags (``python -m helpers classify --help``; docs/classify.md)."""
 
-    try:
-        result, error = work(), None
-    except Exception as caught:  # reported to every process below, then raised
-        result, error = None, caught
-    if state.num_processes > 1:
-        reports = gather_object([(state.process_index, None if error is None else one_line(error))])
-        failed = [(rank, message) for rank, message in reports if message is not None]
-        if failed:
-            raise ProcessFailure(f"process {failed[0][0]} of {state.num_processes}: {failed[0][1]}") from error
-    if error is not None:
-        raise error
-    return result
+    text_column: str = "text"
+    model_name: str | None = None
+    dtype: str | None = None
+    strategy: str = "sorted"
+    batch_size: int = BATCH_SIZE
+    token_budget: int | None = None
+    prefix_cache: bool = True
+    whole_answers: bool | None = None
+    examples_path: str | Path | None = None
+    verify: int = 0
+    prior: str | None = None
+    label_column: str = "label"
+    prior_from: str | Path | None = None
+    save_prior: str | Path | None = None
+    truncate: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    device: str | None = None
+
+    def check(self) -> None:
+        """The options' own errors, one line each, before anything is read."""
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if self.prior not in (None, *PRIORS):
+            raise InputError(f"unknown prior {self.prior!r}: use one of {', '.join(PRIORS)}")
+        if self.prior_from is not None and self.prior is not None:
+            raise InputError(f"--prior-from {self.prior_from} and --prior {self.prior}: give one of them")
+        if self.save_prior is not None and self.prior == "none":
+            raise InputError("--save-prior with --prior none: there is no prior to save")
+        if self.save_prior is not None and not Path(self.save_prior).parent.is_dir():
+            raise InputError(f"--save-prior {self.save_prior}: its folder does not exist")
+        floors = {"--batch-size": (self.batch_size, 1), "--token-budget": (self.token_budget, 1)}
+        for option, (value, least) in {**floors, "--verify": (self.verify, 0)}.items():
+            if value is not None and value < least:
+                raise InputError(f"{option} must be >= {least}, got {value}")
+
+    @property
+    def plan(self) -> dict:
+        """The batching plan every pass runs (score_batched's strategy, batch_size, token_budget)."""
+        strategy = "token_budget" if self.token_budget else self.strategy
+        return dict(strategy=strategy, batch_size=self.batch_size, token_budget=self.token_budget)
+
+
+@dataclass
+class Job:
+    """What the run reads before any model loads: labels, output path, input table, few-shot examples; with
+    ``--prior labelled`` each row's own label (its ``label`` column); what a saved prior is valid for."""
+
+    labels: list[str]
+    output: Path
+    table: Any
+    examples: list
+    gold: list[str] | None = None
+    scope: dict | None = None  # what a saved prior is valid for (helpers.prior.prior_scope)
+    made_by: tuple = ()  # the model's resolved name and the prompt format
+
+    @classmethod
+    def read(cls, input_path, labels, output_path, options: Options) -> Job:
+        options.check()
+        checked = tables.parse_labels(labels)
+        output = tables.check_output_path(output_path, options.overwrite, source=input_path)
+        table = tables.read_table(input_path, options.text_column)
+        tables.check_columns(table, checked, raw=options.prior != "none")
+        examples = tables.read_examples(options.examples_path, checked) if options.examples_path else []
+        gold = [record.get(options.label_column) for record in table.records] if options.prior == "labelled" else None
+        if gold is not None and (wrong := [n for n, label in enumerate(gold, start=1) if label not in checked]):
+            why = f"--prior labelled needs a {options.label_column!r} column holding one of {', '.join(checked)}"
+            why += " on every row (--label-column names it)"
+            raise InputError(f"{table.path}: {rows_text(wrong)}: {why}")
+        return cls(checked, output, table, examples, gold)
+
+
+@dataclass
+class Passes:
+    """The scoring passes of one run, over the job's prompts by input row: the model (float32 under ``--dtype auto``),
+    its tokenizer and label scorer, the prefix cache, the batching plan, and the verified path's half dtype."""
+
+    model: Any
+    tokenizer: Any
+    scorer: LabelScorer
+    prompts: list[str]
+    plan: dict
+    half: str | None = None
+
+    def share(self, rows: list[int], land: Callable) -> dict:
+        """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
+        lands. Returns the verified path's run record (its bound, calibration rows, phases), else {}."""
+
+        def landed(items, scores, full, exact=self.half is None and self.model.dtype == torch.float32):
+            land([rows[j] for j in items], scores, full, exact)
+
+        chosen = [self.prompts[i] for i in rows]
+        if self.half is None:
+            run_plan(self.model, self.tokenizer, self.scorer, chosen, self.plan, on_batch=landed)
+            return {}
+        options = dict(self.plan, on_batch=landed, progress=False)
+        verified = score_verified(self.model, self.tokenizer, self.scorer, chosen, self.half, **options)
+        run = {key: verified.info[key] for key in RUN_RECORD}
+        return dict(run, rescored=[rows[j] for j in verified.info["rescored"]])
+
+    def rescore(self, rows: list[int]) -> torch.Tensor:
+        """``rows``' log-scores in float32."""
+        chosen = [self.prompts[i] for i in rows]
+        return rescore(self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, progress=False)).log_scores
+
+    def calibrate(self) -> tuple[list[int], LabelScores, dict]:
+        """A bound measured now, on the whole job (a resumed run's rows were scored under an earlier one)."""
+        options = dict(self.plan, progress=False)
+        rows, first, error, bound, seconds = calibrate(
+            self.model, self.tokenizer, self.scorer, self.prompts, self.half, **options
+        )
+        run = dict(threshold=bound, calibrated=bound, margin_error=error, calibration=len(rows), evidence=0)
+        run.update(evidence_error=None, phase_seconds=dict(calibration=seconds), rescored=[], at_the_end=True)
+        return rows, first, run
+
+
+# What each process's verified path reports to rank 0.
+RUN_RECORD = ("threshold", "calibrated", "margin_error", "calibration", "evidence", "evidence_error", "phase_seconds")
 
 
 def classify_file(
     input_path: str | Path,
     labels: str | Sequence[str],
     output_path: str | Path,
-    *,
-    text_column: str = "text",
-    model_name: str | None = None,
-    dtype: str | None = None,
-    strategy: str = "sorted",
-    batch_size: int = BATCH_SIZE,
-    token_budget: int | None = None,
-    prefix_cache: bool = True,
-    whole_answers: bool | None = None,
-    examples_path: str | Path | None = None,
-    verify: int = 0,
-    prior: str | None = None,
-    truncate: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    device: str | None = None,
+    options: Options | None = None,
     say: Callable[[str], None] | None = None,
+    **chosen,
 ) -> ClassifyResult:
     """Classify every row of a CSV/JSONL file and write them with their predictions to ``output_path``: the checks that
-    need no model first, then the labels as tokens, the model, this process's share of the rows, and on rank 0
-    verification and the atomic write. ``say`` gets rank 0's messages (default: stderr); options as the command's."""
-    from accelerate import PartialState
-    from accelerate.utils import gather_object
+    need no model, the labels as tokens, resuming, the model, the precision, this process's share of the rows; then on
+    rank 0 the bound and prior settled, verification and the atomic write. ``options`` (or its fields as keywords,
+    e.g. ``dtype="auto"``): ``Options``, the command's; ``say`` gets rank 0's messages (default: stderr)."""
+    options, start = replace(options or Options(), **chosen), time.perf_counter()
+    group = Processes(options.device)
+    tell = (say or (lambda message: print(message, file=sys.stderr))) if group.main else (lambda message: None)
+    job = group.step(lambda: Job.read(input_path, labels, output_path, options))
+    default = PRIOR if len(job.table) >= JOB_PRIOR_MIN_ROWS else "content-free"  # by job size
+    prior = "file" if options.prior_from else options.prior or default
+    tokenizer, scorer = group.step(lambda: _label_scorer(job.labels, options))
+    from_file = group.step(lambda: _prior_file(job, options, tokenizer, scorer))
+    fingerprint = _fingerprint(job, scorer, options, str(from_file or prior), group.device)
+    # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
+    # reads every progress file before any appends to its own: step waits for all of them each time.
+    group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
+    done = group.step(lambda: resume.read_progress(job.output, fingerprint))
+    _say_how(tell, options, tokenizer, scorer, done, len(job.table), job.output)
+    from .models import load_model
 
-    from .models import load_model, load_tokenizer, pick_device, pick_dtype, resolve_name
+    auto = options.dtype == "auto"
+    wanted = dict(dtype="float32" if auto else options.dtype, device=group.device, verbose=group.main, say=tell)
+    model, tokenizer, info = group.step(lambda: load_model(options.model_name, tokenizer=tokenizer, **wanted))
+    half = _precision(group, options, model, info, job.output, tell) if auto else None
+    if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
+        fingerprint["resolved"] = half or "float32"
+    passes, cut = group.step(lambda: _passes(model, tokenizer, scorer, job, options, half))
+    # Once, in float32 under --dtype auto, alike on every process and resumed run; the job's prior needs all rows.
+    fixed = from_file
+    if prior == "content-free":
+        fixed = group.step(lambda: content_free_prior(model, tokenizer, scorer, job.examples))
+    if cut:
+        tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
+    mine = group.share([i for i in range(len(job.table)) if i not in done])
+    bar = options.progress and group.main
+    scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
+    rows, runs = dict(group.gather(list(scored.items()))), [run for run in group.gather([run]) if run]
+    where = info.name, f"{half} verified in float32" if half else info.dtype, info.device, group.count
+    outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache)
+    outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(rows)
+    if group.main:
+        rows.update(done)
+        _conclude(passes, job, Gathered(rows, runs, prior, fixed, bool(done), job.gold), outcome, options, tell)
+    outcome.seconds = time.perf_counter() - start
+    if group.main:
+        tell(outcome.summary())
+    if group.main and (warning := collapse_warning(outcome.predictions, job.labels, len(job.examples), prior)):
+        outcome.warnings.append(warning)
+        tell(warning)
+    return outcome
 
-    start = time.perf_counter()
+
+@dataclass
+class Gathered:
+    """What every process scored, on rank 0: each input row's (log-scores, ran in full, float32's) with the resumed
+    ones, the verified path's run records, the prior's name and its fixed value (content-free), whether rows resumed."""
+
+    rows: dict
+    runs: list
+    prior: str
+    fixed: Prior | None
+    resumed: bool
+    gold: list[str] | None = None
+
+    def rule(self) -> Callable[[LabelScores], Prior | None]:
+        """The prior the run divides out, from its scores: the job's mean, fitted to its labelled rows, or fixed."""
+        if self.prior == "job":
+            return job_prior
+        if self.prior == "labelled":
+            return lambda scores: sample_prior(scores, self.gold)
+        return lambda scores: self.fixed
+
+
+def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyResult, options: Options, tell) -> None:
+    """Rank 0's end of the run: the bound and the prior settled, ``--verify``, what was proven said, the write."""
+    rows, runs, fixed, half = gathered.rows, gathered.runs, gathered.fixed, passes.half
+    if sorted(rows) != list(range(len(job.table))):
+        raise RuntimeError(f"gathered {len(rows)} results for {len(job.table)} rows: some rows are missing or doubled")
+    outcome.full_prompt_rows = sorted(i + 1 for i, (_, full, _) in rows.items() if full)
+    scores = LabelScores(job.labels, torch.tensor([rows[i][0] for i in range(len(rows))]))
+    rescored = {i for run in runs for i in run["rescored"]}
+    if half:  # every label float32's under the prior the run ends with, under the processes' largest bound
+        exact = {i for i, (_, _, was_exact) in rows.items() if was_exact}
+        scores, fixed, added, runs = _settle(passes, scores, exact, runs, gathered)
+        rescored |= set(added)
+    else:
+        fixed = gathered.rule()(scores)
+    outcome.rescored = sorted(i + 1 for i in rescored)
+    if options.verify:
+        outcome.verification = _verify(passes, scores, options.verify, fixed, tell)
+    if fixed is not None:
+        scores, outcome.prior = calibrated(scores, fixed), fixed
+        tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
+    if options.save_prior:  # a later job divides the same prior out (--prior-from), whatever else its file holds
+        save_prior(fixed, options.save_prior, job.scope)
+        tell(f"prior saved to {options.save_prior}: pass --prior-from {options.save_prior} to later jobs")
+    outcome.predictions = scores.predictions
+    if half:
+        tell(_bound_line(runs, len(outcome.rescored), len(job.table)))
+        tell(_time_line(runs, outcome.processes))
+    elif outcome.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
+        atol = tolerance_for(outcome.dtype).atol
+        ties = len(near_ties(scores, atol))
+        near = f"{ties} of {len(scores)} rows have their top two labels within {atol:g}, near ties that rounding may"
+        tell(f"{outcome.dtype}, unverified: {near} order either way (--dtype auto rescores such rows in float32)")
+    tables.write_results(job.table, scores, job.output)
+    resume.remove_progress(job.output)  # the output holds every row now
+    outcome.output = job.output
+
+
+def _label_scorer(labels: list[str], options: Options):
+    """The tokenizer and the labels as tokens, before the model loads (labels only whole answers tell apart stop)."""
+    from .models import load_tokenizer
+
+    tokenizer = load_tokenizer(options.model_name)
     try:
-        wanted = pick_device(device)
-    except RuntimeError as error:  # an unavailable device, said before anything loads
-        raise InputError(str(error)) from None
-    state = PartialState(cpu=wanted.type == "cpu")  # one process per GPU under a launcher; CPU processes use gloo
-    if state.num_processes > 1 and wanted.type == "mps":
-        raise InputError("several processes on one Apple GPU do not pay: run classify as one process with --device mps")
-    run_device, main = state.device if state.num_processes > 1 else wanted, state.is_main_process
-    tell = (say or (lambda message: print(message, file=sys.stderr))) if main else (lambda message: None)
+        return tokenizer, LabelScorer(tokenizer, labels, complete=options.whole_answers)
+    except ValueError as error:
+        raise InputError(f"{'--whole-answers' if options.whole_answers else '--labels'}: {error}") from None
 
-    def check():
-        checked = tables.parse_labels(labels)
-        if strategy not in STRATEGIES:
-            raise InputError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-        if prior not in (None, *PRIORS):
-            raise InputError(f"unknown prior {prior!r}: use one of {', '.join(PRIORS)}")
-        floors = {"--batch-size": (batch_size, 1), "--token-budget": (token_budget, 1), "--verify": (verify, 0)}
-        for option, (value, least) in floors.items():
-            if value is not None and value < least:
-                raise InputError(f"{option} must be >= {least}, got {value}")
-        output = tables.check_output_path(output_path, overwrite, source=input_path)
-        table = tables.read_table(input_path, text_column)
-        tables.check_columns(table, checked, raw=prior != "none")
-        return checked, output, table, tables.read_examples(examples_path, checked) if examples_path else []
 
-    checked_labels, output, table, examples = _step(state, check)
-    prior = prior or (PRIOR if len(table) >= JOB_PRIOR_MIN_ROWS else "content-free")  # the default, by job size
-    plan = dict(strategy="token_budget" if token_budget else strategy, batch_size=batch_size, token_budget=token_budget)
+def _prior_file(job: Job, options: Options, tokenizer, scorer) -> Prior | None:
+    """``--prior-from``'s prior, checked against what this job's raw scores depend on (``prior_scope``). Sets
+    ``job.made_by`` (the fingerprint's model and prompt format) and ``job.scope`` (what ``--save-prior`` records)."""
+    from .models import resolve_name
+    from .prior import load_prior, prior_scope
 
-    def label_scorer():  # before the model loads: labels only whole answers tell apart may stop here, in one line
-        tokenizer = load_tokenizer(model_name)
-        try:
-            return tokenizer, LabelScorer(tokenizer, checked_labels, complete=whole_answers)
-        except ValueError as error:
-            raise InputError(f"{'--whole-answers' if whole_answers else '--labels'}: {error}") from None
+    job.made_by = resolve_name(options.model_name)[0], "chat" if uses_chat_template(tokenizer) else "plain"
+    job.scope = prior_scope(job.made_by[0], job.labels, job.examples, job.made_by[1], scorer.complete)
+    try:
+        return load_prior(options.prior_from, job.scope) if options.prior_from else None
+    except ValueError as error:
+        raise InputError(f"--prior-from {error}") from None
 
-    first_tokenizer, scorer = _step(state, label_scorer)
-    prompt_format = "chat" if uses_chat_template(first_tokenizer) else "plain"
-    auto = dtype == "auto"  # the verified half-precision path where it pays (helpers.precision), else float32
-    scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": truncate}
+
+def _fingerprint(job: Job, scorer, options: Options, prior: str, device) -> dict:
+    from .models import pick_dtype
+
+    scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": options.truncate}
+    auto = options.dtype == "auto"
     if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
         scoring["prior"] = prior
-    model_dtype = (resolve_name(model_name)[0], "auto" if auto else str(pick_dtype(dtype, run_device)))
-    job = resume.fingerprint(table.path, text_column, checked_labels, *model_dtype, examples, prompt_format, scoring)
-    # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
-    # reads every progress file before any appends to its own: _step waits for all of them each time.
-    _step(state, lambda: overwrite and main and resume.remove_progress(output, keep=job))
-    done = _step(state, lambda: resume.read_progress(output, job))
+    dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
+    fields = options.text_column, job.labels, model, dtype, job.examples, prompt_format, scoring
+    return resume.fingerprint(job.table.path, *fields)
+
+
+def _say_how(tell, options: Options, tokenizer, scorer, done: dict, rows: int, output: Path) -> None:
+    """The lines that say how the job will run, before the model loads."""
     if done:
-        tell(f"resuming: {len(done):,} of {len(table):,} rows done (progress files beside {output}); scoring the rest")
-    if prompt_format == "plain":
-        plain_prompts = "plain prompts, the instruction, examples and text as text, each label scored after 'Category:'"
-        tell(f"{model_name or 'the model'}: its tokenizer has no chat template (a base model?): {plain_prompts}")
+        tell(f"resuming: {len(done):,} of {rows:,} rows done (progress files beside {output}); scoring the rest")
+    if not uses_chat_template(tokenizer):
+        plain = "plain prompts, the instruction, examples and text as text, each label scored after 'Category:'"
+        tell(f"{options.model_name or 'the model'}: its tokenizer has no chat template (a base model?): {plain}")
     if scorer.complete:
         why = "--whole-answers"
         if scorer.overlaps:
             why = f"needed: {scorer.overlaps[0][1]!r} starts with all of {scorer.overlaps[0][0]!r}'s tokens"
         tell(f"scoring whole answers, each label followed by the end-of-answer marker ({why})")
 
-    def score_share():
-        # load_model shares the cores out among this machine's processes (LOCAL_WORLD_SIZE)
-        model, tokenizer, info = load_model(
-            model_name, dtype="float32" if auto else dtype, device=run_device, verbose=main, tokenizer=first_tokenizer
-        )
-        half, why = choose_half(machine_profile(model, info, verbose=main)) if auto else (None, "")
-        if auto:
-            tell(f"--dtype auto: {why}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))
-        # scorer: label_scorer's, built on the tokenizer the model was loaded with (its token ids index this vocabulary)
-        end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
-        # The model's context in tokens (tokenizers report a huge sentinel when they do not know).
-        limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
-        limit, source = int(min(limit for limit in limits if limit and limit < 1e9)), str(table.path)
-        texts = [record[text_column] for record in table.records]
-        prompts, cut = prepare_prompts(tokenizer, texts, checked_labels, examples, limit, truncate, source, end_tokens)
-        prefix = None
-        if prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
-            prefix = PrefixCache.for_prompts(model, tokenizer, labels=checked_labels, examples=examples)
-        # Once, in float32 under --dtype auto, alike on every process and resumed run; the job prior needs all rows.
-        fixed = content_free_prior(model, tokenizer, scorer, examples) if prior == "content-free" else None
-        with state.split_between_processes([i for i in range(len(table)) if i not in done]) as mine:
-            mine = list(mine)
-        shard, rescored, run = [], [], {}  # run: the verified path's threshold, calibration rows and phase seconds
-        if mine:  # each finished batch lands in this process's progress file before the next runs
-            writer = resume.ProgressWriter(output, state.process_index, job)
-            bar = tqdm(total=len(done) + len(mine), initial=len(done), desc="classify", disable=not (main and progress))
-            final, ran_full = {}, set()
 
-            def landed(items, log_scores, full):
-                if torch.isnan(log_scores).any():  # never land a row as done that the run will reject
-                    raise NonFiniteScores(f"NaN scores for rows {[mine[j] + 1 for j in items][:10]}: check the dtype")
-                writer.append([mine[j] for j in items], log_scores.tolist(), full)
-                final.update(zip(items, log_scores.tolist()))
-                ran_full.update(items if full else [])
-                bar.update(len(items))
-
-            try:
-                share, options = [prompts[i] for i in mine], dict(plan, prefix=prefix, on_batch=landed)
-                if half is None:
-                    score_batched(model, tokenizer, scorer, share, progress=False, **options)
-                else:  # rows spread over the lengths calibrate the bound and land in float32 (helpers.precision)
-                    verified = score_verified(model, tokenizer, scorer, share, half, prior=fixed, **options)
-                    rescored = verified.info["rescored"]
-                    run = {key: verified.info[key] for key in ("threshold", "calibration", "phase_seconds")}
-            finally:
-                writer.close()
-                bar.close()
-            shard, rescored = [(i, final[j], j in ran_full) for j, i in enumerate(mine)], [mine[j] for j in rescored]
-        return model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, run)
-
-    model, tokenizer, info, scorer, prompts, cut, shard, half, rescored, (fixed, prefix, run) = _step(
-        state, score_share
-    )
-    if cut:
-        tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
-    gather = gather_object if state.num_processes > 1 else list  # one process: its own rows
-    gathered, rescored, runs = gather(shard), gather(rescored), [run for run in gather([run]) if run]
-    processes, scored_in = state.num_processes, f"{half} verified in float32" if half else info.dtype
-    outcome = ClassifyResult(None, len(table), 0.0, info.name, scored_in, info.device, processes, prefix_cache)
-    outcome.rescored = sorted(i + 1 for i in rescored)
-    outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(gathered)
-    if not main:
-        outcome.seconds = time.perf_counter() - start
-        return outcome
-    gathered += [(i, row, full) for i, (row, full) in done.items()]
-    if sorted(i for i, _, _ in gathered) != list(range(len(table))):
-        raise RuntimeError(f"gathered {len(gathered)} results for {len(table)} rows: some rows are missing or doubled")
-    log_scores = torch.tensor([row for _, row, _ in sorted(gathered, key=lambda item: item[0])])
-    outcome.full_prompt_rows = sorted(i + 1 for i, _, full in gathered if full)
-    scores = LabelScores(checked_labels, log_scores)
-    if prior == "job" and half:  # its labels float32's under the prior they end with (helpers.precision)
-        scores, fixed, added, runs = _settle(
-            model, tokenizer, scorer, prompts, scores, half, prefix, plan, runs, rescored, bool(done)
-        )
-        outcome.rescored = sorted({*outcome.rescored, *(i + 1 for i in added)})
-    elif prior == "job":
-        fixed = job_prior(scores)
-    if verify:  # under --dtype auto: float32's labels, under the prior the run ends with (its promise)
-        shift = (fixed.for_labels(checked_labels) if fixed is not None else 0.0) if half else None
-        stats = verify_sample(model, tokenizer, scorer, prompts, scores.log_scores, verify, dtype=half, shift=shift)
-        outcome.verification = stats
-        ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
-        ties += f" difference {stats['max_abs_diff']:.1e})"
-        agree = f"all agree{'' if stats['exact'] else ties}"
-        tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
-    if fixed is not None:
-        scores, outcome.prior = calibrated(scores, fixed), fixed
-        tell(f"{fixed}: divided out of every row's label probabilities (the raw_p_ columns: without it)")
-    outcome.predictions = scores.predictions
-    if half:
-        bound = "every row resumed, each under the bound of the run that scored it"
-        if runs:  # the largest of the processes' thresholds (and _settle's)
-            bound = f"top two labels closer than {max(run['threshold'] for run in runs):.3g}, the bound calibrated on "
-            bound += f"{sum(run['calibration'] for run in runs)} rows spread over the length order, or not finite"
-        rescored = f"{len(outcome.rescored)} of {len(table)} rows rescored in float32"
-        tell(f"--dtype auto: {rescored} ({bound}): every label is float32's")
-        phases = [run["phase_seconds"] for run in runs]
-        spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
-        summed = f" (summed over {processes} processes)" if processes > 1 else ""
-        tell(f"--dtype auto, where the time went{summed}: {spent}")
-    elif info.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
-        atol = tolerance_for(info.dtype).atol
-        ties = len(near_ties(scores, atol))
-        near = f"{ties} of {len(scores)} rows have their top two labels within {atol:g}, near ties that rounding may"
-        tell(f"{info.dtype}, unverified: {near} order either way (--dtype auto rescores such rows in float32)")
-    tables.write_results(table, scores, output)
-    resume.remove_progress(output)  # the output holds every row now
-    outcome.output, outcome.seconds = output, time.perf_counter() - start
-    tell(outcome.summary())
-    if warning := collapse_warning(outcome.predictions, checked_labels, examples=len(examples), prior=prior):
-        outcome.warnings.append(warning)
-        tell(warning)
-    return outcome
+def _precision(group: Processes, options: Options, model, info, output: Path, tell) -> str | None:
+    """``--dtype auto``'s half dtype (None: float32), chosen once for the whole run: as the stopped run of this job
+    recorded it, else by rank 0's machine profile (notebook 00), handed to every process."""
+    recorded = group.step(lambda: resume.resolved(output))
+    if recorded is not None:
+        half = None if recorded == "float32" else recorded
+        tell(f"--dtype auto: {recorded}, as the stopped run of this job resolved it (one precision per run)")
+        return half
+    half, why = group.decide(lambda: choose_half(machine_profile(model, info, say=tell)))
+    shared = f" (chosen on process 0 for all {group.count})" if group.count > 1 else ""
+    tell(f"--dtype auto: {why}{shared}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))
+    return half
 
 
-def _settle(model, tokenizer, scorer, prompts, scores, half, prefix, plan, runs, rescored, resumed: bool):
-    """The job prior on a verified run (``settle_job_prior``), on rank 0: under the processes' largest threshold and,
-    where rows were resumed (scored against an earlier bound) or none was scored, one measured now (``calibrate``,
-    added to ``runs``). Returns settle_job_prior's (scores, prior, rows rescored), and the runs."""
-    options, exact, log_scores = dict(plan, progress=False), set(rescored), scores.log_scores.clone()
-    if resumed or not runs:
-        rows, first, _, bound, seconds = calibrate(model, tokenizer, scorer, prompts, half, prefix, **options)
-        runs = [*runs, dict(threshold=bound, calibration=len(rows), phase_seconds=dict(calibration=seconds))]
-        log_scores[rows], exact = first.log_scores, exact | set(rows)
+def _passes(model, tokenizer, scorer, job: Job, options: Options, half):
+    """The run's ``Passes`` and the rows cut to fit (1-based), on every process."""
+    # scorer: built on the tokenizer the model was loaded with (its token ids index this vocabulary)
+    end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
+    limit = tables.context_limit(model, tokenizer, options.model_name or "the model")
+    texts, fit = [record[options.text_column] for record in job.table.records], (options.truncate, str(job.table.path))
+    prompts, cut = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit, end_tokens)
+    plan = options.plan
+    if options.prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
+        plan["prefix"] = PrefixCache.for_prompts(model, tokenizer, labels=job.labels, examples=job.examples)
+    return Passes(model, tokenizer, scorer, prompts, plan, half), cut
 
-    def rows_in_float32(rows):
-        return rescore(model, tokenizer, scorer, [prompts[i] for i in rows], prefix, **options).log_scores
 
+def _score_share(
+    passes: Passes, mine: list[int], output: Path, group: Processes, fingerprint: dict, bar_on: bool, done: int
+):
+    """This process's rows, each landing in its progress file as its batch finishes: {row: (scores, full, exact)},
+    and the verified path's run record."""
+    scored, run = {}, {}
+    if not mine:
+        return scored, run
+    writer = resume.ProgressWriter(output, group.rank, fingerprint)
+    bar = tqdm(total=done + len(mine), initial=done, desc="classify", disable=not bar_on)
+
+    def land(rows, log_scores, full, exact):
+        if torch.isnan(log_scores).any():  # never land a row as done that the run will reject
+            raise NonFiniteScores(f"NaN scores for rows {[i + 1 for i in rows][:10]}: check the dtype")
+        writer.append(rows, log_scores.tolist(), full, exact)
+        fresh = [i for i in rows if i not in scored]  # a rescored row lands again: counted once
+        scored.update((i, (row, full, exact)) for i, row in zip(rows, log_scores.tolist()))
+        bar.update(len(fresh))
+
+    try:
+        run = passes.share(mine, land)
+    finally:
+        writer.close()
+        bar.close()
+    return scored, run
+
+
+def _settle(passes: Passes, scores: LabelScores, exact: set, runs: list, gathered: Gathered):
+    """A verified run's last step, on rank 0 (``settle_job_prior``): every row not float32's whose margin under the
+    prior the run ends with is under the processes' largest bound rescored in float32; where rows were resumed
+    (scored against an earlier bound) or none was scored, under a bound measured now too (``Passes.calibrate``).
+    Returns (scores, prior, rows rescored, runs)."""
+    log_scores = scores.log_scores.clone()
+    if gathered.resumed or not runs:
+        rows, first, run = passes.calibrate()
+        runs, log_scores[rows], exact = [*runs, run], first.log_scores, exact | set(rows)
     bound = max(run["threshold"] for run in runs)
-    return *settle_job_prior(LabelScores(scores.labels, log_scores), exact, bound, rows_in_float32), runs
+    settled = settle_job_prior(LabelScores(scores.labels, log_scores), exact, bound, passes.rescore, gathered.rule())
+    return *settled, runs
+
+
+def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
+    """--verify: under --dtype auto float32's labels, under the prior the run ends with (its promise)."""
+    half = passes.half
+    shift = (fixed.for_labels(scores.labels) if fixed is not None else 0.0) if half else None
+    model, tokenizer, scorer = passes.model, passes.tokenizer, passes.scorer
+    stats = verify_sample(model, tokenizer, scorer, passes.prompts, scores.log_scores, k, dtype=half, shift=shift)
+    ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
+    ties += f" difference {stats['max_abs_diff']:.1e})"
+    agree = f"all agree{'' if stats['exact'] else ties}"
+    tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
+    return stats
+
+
+def _bound_line(runs: list, rescored: int, rows: int) -> str:
+    """What the verified path proved, and what it rests on."""
+    head = f"--dtype auto: {rescored} of {rows} rows rescored in float32"
+    if not runs:
+        return f"{head} (every row resumed, each under the bound of the run that scored it)"
+    bound = max(run["threshold"] for run in runs)
+    if bound == float("inf"):
+        return f"{head}: half precision overflowed on every calibration row, so every row was scored in float32"
+    largest = max(runs, key=lambda run: run["threshold"])
+    sample = f"{largest['calibration']} rows spread over the length order"
+    now = sum(run.get("at_the_end", False) for run in runs)  # measured over the whole job after resumed rows
+    parts = [f"{len(runs) - now} process(es)' shares"] * (len(runs) > now) + ["the whole job, at the end"] * now
+    sample += f" (the largest of {len(runs)} bounds: {' and '.join(parts)})" if len(runs) > 1 else ""
+    measured = f"{SAFETY:g}x the largest change rounding made to a gap between two labels' scores on {sample}"
+    if largest["threshold"] > largest["calibrated"]:
+        measured += f", widened from {largest['calibrated']:.3g} by a rescored row's error"
+    checked = sum(run["evidence"] for run in runs)
+    errors = [run["evidence_error"] for run in runs if run["evidence_error"] is not None]
+    evidence = f"; the {checked} rows rescored anyway, scored both ways, moved a gap by at most " if errors else ""
+    evidence += f"{max(errors):.3g}" if errors else ""
+    return (
+        f"{head}: every row whose top two labels were closer than {bound:.3g}, or not finite. The bound: {measured}"
+        f"{evidence}. So every label is float32's wherever rounding moved no row's gap by more than {bound:.3g}"
+    )
+
+
+def _time_line(runs: list, processes: int) -> str:
+    phases = [run["phase_seconds"] for run in runs]
+    spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
+    summed = f" (summed over {processes} processes)" if processes > 1 else ""
+    return f"--dtype auto, where the time went{summed}: {spent}"

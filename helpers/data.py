@@ -3,8 +3,6 @@
 Two generators share the reference's lognormal word counts: ``style="article"`` rotates three base sentences with one
 filler like the reference; ``style="varied"`` draws many base tickets and fillers, so accuracy means something."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,7 +21,6 @@ USER_TEMPLATE = "Ticket: {ticket}\nCategory:"
 # A plain prompt's answers follow "Category:" after a space, as lm-evaluation-harness's target_delimiter puts them.
 PLAIN_DELIMITER = " "
 
-# --- the article generator: one base sentence per label, in rotation (ticket i has label i mod 3) ---
 ARTICLE_BASES = {
     "billing": "My card was charged twice for the same invoice this month.",
     "technical": "The mobile app crashes every time I open the settings page.",
@@ -33,8 +30,6 @@ ARTICLE_FILLER = (
     "I have been waiting for several days now without any reply from your team, "
     "so could someone please look into this and send me an update as soon as possible?"
 )
-
-# --- the varied generator: at least 15 base tickets per label, several kinds of filler ---
 VARIED_BASES = {
     "billing": [
         "My card was charged twice for the same invoice this month.",

@@ -1,8 +1,6 @@
 """The mechanisms drawn from a lesson's own tensors (nothing here runs a model), titles computed from them: generate
 vs score (notebook 01), the KV cache (02), padded batches (03)."""
 
-from __future__ import annotations
-
 import textwrap
 
 import matplotlib.pyplot as plt

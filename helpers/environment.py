@@ -1,9 +1,8 @@
 """The environment check: versions, device, threads, and every requirement with its fix (notebook 00's first cell,
 ``python -m helpers check``, ``make check``)."""
 
-from __future__ import annotations
-
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -34,9 +33,10 @@ KERNEL_NAME = "python3"
 
 
 def installed_version(package: str) -> str | None:
+    """Its version where it imports (by its own name, as each one checked): a blocked or half-removed one is missing."""
     try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
+        return importlib.metadata.version(package) if importlib.util.find_spec(package) else None
+    except (ImportError, ValueError):  # PackageNotFoundError is an ImportError; ValueError: a module with no spec
         return None
 
 

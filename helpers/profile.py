@@ -226,8 +226,9 @@ def profile_path(info: ModelInfo, device: torch.device) -> Path:
     return cache_dir() / "profiles" / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]}.json"
 
 
-def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool = True) -> MachineProfile:
-    """This machine's profile for ``model``, measured once and cached (``refresh``: again). Notebook 00, section 2."""
+def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool = True, say=print) -> MachineProfile:
+    """This machine's profile for ``model``, measured once and cached (``refresh``: again); ``verbose``: ``say`` that
+    it measures. Notebook 00, section 2."""
     path = profile_path(info, model.device)
     if not refresh and str(path) in _MEMORY:
         return _MEMORY[str(path)]
@@ -238,7 +239,7 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
         except (ValueError, TypeError, KeyError):
             pass  # an unreadable or older profile: measure again
     if verbose:
-        print("measuring this machine (once; cached for later notebooks) ...")
+        say("measuring this machine (once; cached for later notebooks) ...")
     start, device = time.perf_counter(), model.device
     shapes = roof_shapes(model, device)
     matmul: dict[str, float] = {}
@@ -267,5 +268,5 @@ def machine_profile(model, info: ModelInfo, refresh: bool = False, verbose: bool
     temporary.write_text(json.dumps(asdict(profile), indent=1))
     temporary.replace(path)
     if verbose:
-        print(f"measured in {profile.measured_s:.1f} s; saved to {path}")
+        say(f"measured in {profile.measured_s:.1f} s; saved to {path}")
     return profile

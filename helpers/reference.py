@@ -2,8 +2,6 @@
 theirs: another model, another machine, so a comparison of ratios, not of absolute speeds (notebooks 00, 02, 03);
 and the course's matmul measurements on its other machines (notebook 00, section 2)."""
 
-from __future__ import annotations
-
 import pandas as pd
 
 SOURCE = "reference series (Qwen2.5-0.5B-Instruct, Apple M2 Air CPU, float32)"

@@ -1,7 +1,8 @@
 """A long ``python -m helpers classify`` survives being stopped: each process appends every finished batch's rows to
-its own progress file beside the output (the job's fingerprint, then ``{"row": i, "scores": [...], "full": false}``
-per row); a rerun of the same job scores only the rows missing from all of them (a line torn by a kill is dropped),
-another job's files are refused in one line naming what changed. At the end they are removed."""
+its own progress file beside the output (the job's fingerprint, then ``{"row": i, "scores": [...], "full": false,
+"exact": true}`` per row, ``exact`` where the scores are float32's, not a verified half pass's); a rerun of the same
+job scores only the rows missing from all of them (a line torn by a kill is dropped), another job's files are refused
+in one line naming what changed. At the end they are removed."""
 
 from __future__ import annotations
 
@@ -61,28 +62,43 @@ def _changed(was: dict, now: dict) -> str:
     return "its fingerprint differs"
 
 
-def read_progress(output: Path, expected: dict) -> dict[int, tuple[list[float], bool]]:
-    """Rows already scored for this job: row -> (log-scores, full); ``ResumeMismatch`` for another job's file."""
-    done = {}
+def _headers(output: Path):
     for path in progress_files(output):
-        lines = _complete_lines(path)
-        if not lines:  # killed before its header landed: nothing in it
-            continue
-        was = json.loads(lines[0]).get("fingerprint")
-        if was != expected:
+        if lines := _complete_lines(path):  # none: killed before its header landed, nothing in it
+            yield path, lines, json.loads(lines[0]).get("fingerprint") or {}
+
+
+def _same_job(was: dict, now: dict) -> bool:
+    return all(was.get(key) == now.get(key) for key in FIELDS)
+
+
+def read_progress(output: Path, expected: dict) -> dict[int, tuple[list[float], bool, bool]]:
+    """Rows already scored for this job: row -> (log-scores, full, exact); ``ResumeMismatch`` for another job's file.
+    The precision a ``--dtype auto`` run resolved to (``resolved``) is not compared here: ``resolved`` reads it."""
+    done = {}
+    for path, lines, was in _headers(output):
+        if not _same_job(was, expected):
             again = "pass --overwrite to start again, or rerun with the original options to resume"
             changed = _changed(was or {}, expected)
             raise ResumeMismatch(f"{output}: its progress file {path.name} belongs to another job: {changed}; {again}")
         for row in map(json.loads, lines[1:]):
-            done[int(row["row"])] = (row["scores"], bool(row["full"]))
+            done[int(row["row"])] = (row["scores"], bool(row["full"]), bool(row.get("exact", True)))
     return done
+
+
+def resolved(output: Path) -> str | None:
+    """The precision the stopped run of this job resolved ``--dtype auto`` to (its progress files'), or None."""
+    found = {was["resolved"] for _, _, was in _headers(output) if "resolved" in was}
+    if len(found) > 1:  # every process writes the one choice rank 0 made: two mean files of two runs mixed by hand
+        raise ResumeMismatch(f"{output}: its progress files resolved --dtype auto to {sorted(found)}: pass --overwrite")
+    return found.pop() if found else None
 
 
 def remove_progress(output: Path, keep: dict | None = None) -> None:
     """Remove the progress files of ``output``; with ``keep`` (``--overwrite``), only those of another job."""
     for path in progress_files(output):
         lines = _complete_lines(path)
-        if keep is None or (lines and json.loads(lines[0]).get("fingerprint") != keep):
+        if keep is None or (lines and not _same_job(json.loads(lines[0]).get("fingerprint") or {}, keep)):
             path.unlink(missing_ok=True)
 
 
@@ -97,9 +113,10 @@ class ProgressWriter:
             self.path.write_text(json.dumps({"fingerprint": expected}) + "\n", encoding="utf-8")
         self.handle = open(self.path, "a", encoding="utf-8")
 
-    def append(self, rows: Sequence[int], log_scores, full: bool) -> None:
+    def append(self, rows: Sequence[int], log_scores, full: bool, exact: bool) -> None:
         for row, scores in zip(rows, log_scores):
-            self.handle.write(json.dumps({"row": int(row), "scores": [float(v) for v in scores], "full": full}) + "\n")
+            line = {"row": int(row), "scores": [float(v) for v in scores], "full": full, "exact": exact}
+            self.handle.write(json.dumps(line) + "\n")
         self.handle.flush()  # in the operating system's hands: a killed process loses nothing it wrote
 
     def close(self) -> None:

@@ -21,8 +21,7 @@ from .data import answer_tokens, encode_prompt, uses_chat_template
 from .timing import Stopwatch
 
 METHODS = ("auto", "first_token", "sequence")
-# A stand-in answer, rendered through the chat template to see what the template puts after an answer.
-_SENTINEL = "Zq7Xv"
+_SENTINEL = "Zq7Xv"  # a stand-in answer, rendered through the chat template to see what it puts after an answer
 
 
 def check_labels(labels: Sequence[str]) -> list[str]:
@@ -72,8 +71,7 @@ def end_of_answer_ids(tokenizer) -> list[int] | None:
 
 
 def extending_pairs(token_ids: Sequence[Sequence[int]], labels: Sequence[str]) -> list[tuple[str, str]]:
-    """Pairs (shorter, longer) of labels whose tokens start with all of the shorter one's tokens (``account``,
-    ``account change``): scored as answer prefixes, the longer can never beat the shorter. Notebook 01, Going deeper."""
+    """Pairs (shorter, longer) of labels whose tokens start with all of the shorter one's. Notebook 01, Going deeper."""
     pairs = []
     for i, short in enumerate(token_ids):
         for j, long in enumerate(token_ids):

@@ -1,8 +1,6 @@
 """The tables ``classify`` reads and writes: CSV or JSONL in, every row out once in input order, written whole or not
 at all (``atomic_write``). Bad input stops with one line naming the file, row and column."""
 
-from __future__ import annotations
-
 import json
 import os
 import tempfile
@@ -13,6 +11,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from .data import build_prompt, encode_prompt
 from .scoring import LabelScores, check_labels
 
 SUFFIXES = {".csv", ".jsonl", ".ndjson"}
@@ -157,9 +156,8 @@ def check_output_path(path: str | Path, overwrite: bool, source: str | Path | No
 
 def atomic_write(path: Path, write: Callable[[TextIO], None]) -> None:
     """Write through a temporary file in the same folder, then rename it over ``path``: never a partial output."""
-    handle = tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", newline="", dir=path.parent, prefix=f".{path.name}.", suffix=".part", delete=False
-    )
+    hidden = dict(dir=path.parent, prefix=f".{path.name}.", suffix=".part", delete=False)  # beside it, kept to rename
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", **hidden)
     try:
         with handle:
             write(handle)
@@ -199,3 +197,45 @@ def write_results(table: Table, scores: LabelScores, path: Path) -> None:
     else:  # a JSONL record keeps its own keys: a key missing from an input line stays missing
         lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
         atomic_write(path, lambda handle: handle.writelines(lines))
+
+
+def context_limit(model, tokenizer, name: str) -> int:
+    """The model's context in tokens, from its config or its tokenizer (which report a huge sentinel if unknown)."""
+    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+    if not (limits := [int(limit) for limit in limits if limit and limit < 1e9]):
+        no_limit = "neither its config (max_position_embeddings) nor its tokenizer (model_max_length) gives one"
+        raise InputError(f"{name}: no context length known: {no_limit}; set the tokenizer's")
+    return min(limits)
+
+
+def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
+    """(prompts, rows cut): a prompt too long for the model is an error, or cut at the head with ``truncate``."""
+    label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
+    overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
+    budget = max_tokens - label_room - overhead
+    if budget < 1:
+        alone = f"the instruction and few-shot examples alone take {overhead} of the model's {max_tokens} tokens"
+        raise InputError(alone)
+
+    def too_long(prompt: str) -> bool:
+        return len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens
+
+    prompts, cut = [], []
+    for row, text in enumerate(texts, start=1):
+        prompt = build_prompt(tokenizer, text, labels, examples)
+        if too_long(prompt):
+            cut.append(row)
+        if too_long(prompt) and truncate:
+            # Keep the head: a ticket's start usually says what it is about. Decoding and re-encoding can shift a
+            # token or two, so shrink until the prompt really fits.
+            ids, keep = encode_prompt(tokenizer, text), budget
+            while too_long(prompt) and keep > 0:
+                prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
+                keep -= 8
+            if too_long(prompt):
+                raise InputError(f"{source}: row {row}: cannot be cut to fit the model's {max_tokens}-token context")
+        prompts.append(prompt)
+    if cut and not truncate:
+        context = f"longer than the model's {max_tokens}-token context; pass --truncate to keep each ticket's head"
+        raise InputError(f"{source}: {rows_text(cut)}: {context}")
+    return prompts, cut

@@ -11,14 +11,14 @@ import helpers.classify as classify
 from helpers.__main__ import main
 
 failing_rank = int(sys.argv.pop(1))
-real_score_batched = classify.score_batched
+real_run_plan = classify.run_plan
 
 
-def score_batched(*args, **kwargs):
+def run_plan(*args, **kwargs):
     if int(os.environ.get("RANK", "0")) == failing_rank:
         raise RuntimeError(f"injected failure on rank {failing_rank}")
-    return real_score_batched(*args, **kwargs)
+    return real_run_plan(*args, **kwargs)
 
 
-classify.score_batched = score_batched
+classify.run_plan = run_plan
 sys.exit(main(sys.argv[1:]))

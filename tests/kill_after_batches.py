@@ -13,8 +13,8 @@ real_append = resume.ProgressWriter.append
 landed = []
 
 
-def append(self, rows, log_scores, full):
-    real_append(self, rows, log_scores, full)
+def append(self, rows, log_scores, full, exact):
+    real_append(self, rows, log_scores, full, exact)
     landed.append(len(rows))
     if len(landed) >= after and os.environ.get("RANK", "0") == "0":
         os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would: no cleanup, no atexit

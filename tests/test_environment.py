@@ -198,6 +198,61 @@ def test_the_command_line_check_exits_1_on_a_problem_and_0_otherwise(monkeypatch
     assert "- papermill: not installed" in captured.err, captured.err
 
 
+# python -m helpers with the packages named in argv[1] missing: their import fails, as where they are not installed.
+WITHOUT = """import runpy, sys
+missing = sys.argv[1].split(",")
+class Missing:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in missing:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing)
+sys.argv = ["helpers", *sys.argv[2:]]
+runpy.run_module("helpers", run_name="__main__", alter_sys=True)"""
+
+
+def run_without(packages: str, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", WITHOUT, packages, *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("package", ["torch", "pandas"])
+def test_the_check_without_torch_or_pandas_names_it_with_its_fix(package):
+    """The case the check exists for: it must not crash importing what is missing."""
+    done = run_without(package, "check")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, f"exit {done.returncode}:\n{done.stderr}"
+    lines = [line for line in done.stderr.splitlines() if line.startswith(f"- {package}: not installed")]
+    assert len(lines) == 1 and f'-m pip install -U "{package}>=' in lines[0], done.stderr
+
+
+def test_without_torch_every_help_works_and_a_command_says_one_line():
+    for command in ("bench", "classify"):
+        done = run_without("torch,pandas", command, "--help")
+        assert done.returncode == 0 and "usage:" in done.stdout, f"{command} --help: {done.stderr}"
+    done = run_without("torch,pandas", "bench", "--n", "4")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith("python -m helpers check lists what is missing, with each fix"), done.stderr
+
+
+def test_the_command_lines_choices_and_defaults_are_the_modules_own(monkeypatch):
+    """__main__ writes them out so that it imports no torch; these must stay the modules' values."""
+    from helpers import __main__ as cli
+    from helpers import batching, bench, classify, models, prior
+
+    assert (cli.DEVICES, cli.BATCHING, cli.PRIORS) == (models.DEVICES, batching.STRATEGIES, prior.PRIORS)
+    assert (cli.BATCH_SIZE, cli.PRIOR, cli.JOB_PRIOR_MIN_ROWS) == (
+        classify.BATCH_SIZE,
+        classify.PRIOR,
+        classify.JOB_PRIOR_MIN_ROWS,
+    )
+    assert cli.BENCH_STRATEGIES == tuple(bench.STRATEGIES) and cli.POOL == bench.POOL
+    parsed = []
+    monkeypatch.setattr(cli, "run_bench", lambda args: parsed.append(args) or 0)
+    assert main(["bench"]) == 0
+    design = {name: list(value) if isinstance(value, tuple) else value for name, value in vars(bench.Design()).items()}
+    assert {name: vars(parsed[0])[name] for name in design} == design, "bench's defaults should be bench.Design's"
+
+
 # --- make lab ------------------------------------------------------------------------------------------
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from helpers.__main__ import main
-from helpers.batching import score_batched
-from helpers.bench import run_benchmark
-from helpers.checks import assert_agrees, tolerance_for
+from helpers.batching import Batching, score_batched
+from helpers.bench import Design, run_benchmark
+from helpers.checks import FLOAT32_ATOL, assert_agrees, tolerance_for
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets
 from helpers.models import load_model, pick_dtype
 from helpers.prefix_cache import PrefixCache
@@ -80,9 +80,7 @@ def test_every_path_agrees_with_the_loop_on_the_gpu(on_gpu, strategy, batch_size
         tokenizer,
         scorer,
         prompts,
-        strategy,
-        batch_size or 4,
-        token_budget=400 if strategy == "token_budget" else None,
+        Batching(strategy, batch_size or 4, 400 if strategy == "token_budget" else None),
         prefix=prefix,
         progress=False,
     )
@@ -90,20 +88,11 @@ def test_every_path_agrees_with_the_loop_on_the_gpu(on_gpu, strategy, batch_size
 
 
 def test_the_benchmark_runs_two_strategies_on_the_gpu():
-    frame, _ = run_benchmark(
-        "embedded",
-        shots=2,
-        batch_sizes=[4],
-        strategies=["loop", "sorted_prefix"],
-        dtypes=["float32", FAST],
-        repeats=1,
-        device=ACCELERATOR,
-        progress=False,
-        every=40,
-    )
+    design = Design(["loop", "sorted_prefix"], [4], ["float32", FAST], shots=2, repeats=1, every=40)
+    frame, _ = run_benchmark("embedded", design, device=ACCELERATOR, progress=False)
     assert set(frame["device"].str.split(":").str[0]) == {ACCELERATOR}
     float32 = frame[frame["dtype"] == "float32"]
-    assert (float32["agreement"] == 1.0).all() and (float32["max_abs_diff"] <= 1e-3).all(), float32
+    assert (float32["agreement"] == 1.0).all() and (float32["max_abs_diff"] <= FLOAT32_ATOL).all(), float32
     fast = frame[frame["dtype"] == FAST]
     assert len(fast) and (fast["max_abs_diff"] <= tolerance_for(FAST).atol).all(), fast
     assert (frame["items_per_s"] > 0).all()

@@ -12,7 +12,7 @@ import torch
 
 from helpers import models
 from helpers.__main__ import main
-from helpers.batching import score_batched
+from helpers.batching import Batching, score_batched
 from helpers.checks import assert_agrees
 from helpers.data import LABELS, build_prompt, few_shot_examples, make_tickets, uses_chat_template
 from helpers.prefix_cache import PrefixCache
@@ -104,7 +104,9 @@ def test_plain_prompts_batch_and_cache_with_the_loops_results(base_model):
     reference = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
     for strategy, cache in (("sorted", prefix), ("arbitrary", None), ("token_budget", prefix)):
-        result = score_batched(model, tokenizer, scorer, prompts, strategy, 4, 400, cache, progress=False)
+        result = score_batched(
+            model, tokenizer, scorer, prompts, Batching(strategy, 4, 400), prefix=cache, progress=False
+        )
         assert_agrees(reference, result)  # identical labels, log-probs within 1e-3 (float32)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.batching import score_batched
-from helpers.checks import assert_agrees
+from helpers.checks import assert_agrees, float_tolerance
 from helpers.data import build_prompt
 from helpers.prefix_cache import PrefixCache
 from helpers.scoring import LabelScorer, score_one_by_one, score_the_slow_way
@@ -59,7 +59,7 @@ def test_the_reference_equals_one_full_forward_per_label(any_model, tickets, nam
     scorer = LabelScorer(tokenizer, labels, normalize=normalize, complete=complete)
     prompts = [build_prompt(tokenizer, text, labels) for text in tickets["text"][:2]]
     slow = score_the_slow_way(model, tokenizer, scorer, prompts)
-    assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
+    assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=float_tolerance(slow))
 
 
 # Both two-layer twins run every case; the embedded model (trained weights, the slowest) the case that exercises the
@@ -85,7 +85,7 @@ def test_every_label_set_agrees_with_the_reference_at_batch_1_and_more(request, 
             model, tokenizer, scorer, prompts, strategy, batch_size=batch_size, prefix=prefix, progress=False
         )
         try:
-            assert_agrees(reference, result, atol=1e-3)
+            assert_agrees(reference, result, atol=float_tolerance(reference))
         except AssertionError as error:
             raise AssertionError(f"{name}, {strategy} x {batch_size}, prefix={use_prefix}: {error}") from None
 

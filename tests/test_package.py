@@ -25,10 +25,11 @@ def test_every_module_is_readable_at_a_sitting_and_named_in_the_package_page(mod
 
 
 def test_the_package_stays_small_enough_to_hold():
-    """All of helpers/*.py at most 4,000 lines: a reader can hold the package the lessons open."""
+    """All of helpers/*.py at most 4,400 lines: a reader can hold the package the lessons open. (4,000 until issue 61
+    added one precision per run, saved priors, the process steps in one module and the verified path's evidence.)"""
     lines = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "helpers").glob("*.py")}
     largest = ", ".join(f"{name} {n}" for name, n in sorted(lines.items(), key=lambda item: -item[1])[:3])
-    assert sum(lines.values()) <= 4000, f"helpers/*.py is {sum(lines.values())} lines (largest: {largest})"
+    assert sum(lines.values()) <= 4400, f"helpers/*.py is {sum(lines.values())} lines (largest: {largest})"
 
 
 @pytest.mark.parametrize("module", TEACHING)
@@ -39,9 +40,10 @@ def test_every_teaching_function_names_the_lesson_section_that_builds_it(module)
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         and not node.name.startswith("_")
-        and "Notebook 0" not in (ast.get_docstring(node) or "")
+        and not any(mark in (ast.get_docstring(node) or "") for mark in ("Notebook 0", "No lesson builds it"))
     ]
-    assert not silent, f"helpers.{module}: no 'Notebook NN, section S.' in the docstrings of {', '.join(silent)}"
+    where = "'Notebook NN, section S.' (or 'No lesson builds it: ...', for what only the tools use)"
+    assert not silent, f"helpers.{module}: no {where} in the docstrings of {', '.join(silent)}"
 
 
 def imported_modules(notebook: Path) -> set[str]:
@@ -56,12 +58,13 @@ def imported_modules(notebook: Path) -> set[str]:
 @pytest.mark.parametrize("lesson", ["01", "02", "03"])
 def test_lessons_01_to_03_import_nothing_about_benchmarking_but_03s_race(lesson):
     """04's sweep machinery stays out of 01-03, except the one call 03's race makes (``helpers.bench.sweep``, whose
-    sample and rule 03's section 4 states); 01 reads no machine profile either."""
+    ``Sample`` and rule 03's section 4 states); 01 reads no machine profile either."""
     notebook = next((ROOT / "notebooks").glob(f"{lesson}_*.ipynb"))
     imported = imported_modules(notebook)
     if lesson == "03":
         code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"])
-        assert re.findall(r"^from helpers\.bench import (.+)$", code, re.M) == ["sweep"], "03 takes only the race"
+        race = re.findall(r"^from helpers\.bench import (.+)$", code, re.M)
+        assert race == ["Sample, sweep"], "03 takes only the race (its sample: block, every, rounds)"
     else:
         assert "bench" not in imported, sorted(imported)
     if lesson == "01":

@@ -11,6 +11,7 @@ import pytest
 from helpers.drawings import plot_prompt_split
 from helpers.models import ModelInfo
 from helpers.plots import plot_prompt_lengths, plot_speedup_vs_prefix
+from helpers.timing import NO_VERDICT
 
 INFO = ModelInfo(name="test-model", source="synthetic", n_params=0, dtype="float32", device="cpu", threads=2)
 
@@ -165,7 +166,7 @@ def _bench_rows():
     return frame.assign(prefix=frame["strategy"].str.endswith("_prefix"))
 
 
-def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_only_beyond_the_spread(tmp_path):
+def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_only_by_the_rule(tmp_path):
     from helpers.plots import plot_throughput_vs_batch
 
     frame = _bench_rows()
@@ -182,9 +183,14 @@ def test_throughput_figure_starts_at_zero_with_error_bars_and_names_a_winner_onl
     span = f"{best.items_per_s_min / start.items_per_s_max:.2f}-{best.items_per_s_max / start.items_per_s_min:.2f}x"
     assert f"{best.items_per_s / start.items_per_s:.2f}x its batch 1 (loop + prefix; rounds {span})" in title_of(fig)
     assert "within noise of 1 other point(s)" in title_of(fig), title_of(fig)  # 8.0 and 8.1 overlap with 5 % spreads
-    single = frame.assign(items_per_s_min=frame["items_per_s"], items_per_s_max=frame["items_per_s"])
+    apart = frame[frame["items_per_s"] != 8.0]  # 8.1 clear of 7.0 and below: apart, over 2 rounds each
+    fig, _ = plot_throughput_vs_batch(apart, path=tmp_path / "u.png")
+    assert NO_VERDICT in title_of(fig) and "ahead" not in title_of(fig), "2 rounds each lie apart 1 time in 3"
+    fig, _ = plot_throughput_vs_batch(apart.assign(repeats=4), path=tmp_path / "u4.png")
+    assert title_of(fig).endswith(", ahead by the rule"), title_of(fig)
+    single = frame.assign(items_per_s_min=frame["items_per_s"], items_per_s_max=frame["items_per_s"], repeats=1)
     fig, _ = plot_throughput_vs_batch(single, path=tmp_path / "v.png")
-    assert "no spread to judge by" in title_of(fig) and "beyond" not in title_of(fig), title_of(fig)
+    assert NO_VERDICT in title_of(fig) and "ahead" not in title_of(fig), title_of(fig)
     # The lesson's sweep: the plain loop without a sorted curve of its own is drawn across, and the legend names it
     lesson = frame[frame["strategy"] != "sorted"]
     fig, _ = plot_throughput_vs_batch(lesson, path=tmp_path / "w.png")
@@ -254,7 +260,7 @@ def test_padding_by_strategy_names_its_prompts_and_batch_size_in_words(tmp_path,
     plt.close("all")
 
 
-def test_the_ladder_has_error_bars_and_names_a_winner_only_beyond_the_spread(tmp_path):
+def test_the_ladder_has_error_bars_and_names_a_winner_only_by_the_rule(tmp_path):
     from helpers.plots import plot_ladder
 
     # generate + parse is timed once: its min and max equal its median, up to rounding (here 1 ulp above it)
@@ -264,13 +270,16 @@ def test_the_ladder_has_error_bars_and_names_a_winner_only_beyond_the_spread(tmp
             "speedup": [0.3, 1.0, 1.8],
             "speedup_min": [0.30000000000000004, 0.95, 1.6],
             "speedup_max": [0.3, 1.05, 1.9],
+            "repeats": [4, 4, 4],
         }
     )
     fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "l.png", note="; generate + parse: one run")
     assert "caption; generate + parse: one run" in [text.get_text() for text in fig.texts], "the note joins the caption"
     assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers), "each step shows its spread"
     assert "slowest to fastest repeat" in fig.axes[0].get_xlabel()
-    assert "best step '+ prefix cache' at 1.80x" in title_of(fig), "1.6-1.9 lies above 0.95-1.05: a winner"
+    assert "best step '+ prefix cache' at 1.80x" in title_of(fig), "1.6-1.9 lies above 0.95-1.05, 4 rounds: a winner"
+    fig, _ = plot_ladder(ladder.drop(columns="repeats"), "caption", path=tmp_path / "n.png")
+    assert title_of(fig).endswith(f"'+ prefix cache' at 1.80x the loop, {NO_VERDICT}"), "rounds unknown: no verdict"
     close = ladder.assign(speedup_max=[0.3, 1.7, 1.9])
     fig, _ = plot_ladder(close, "caption", path=tmp_path / "m.png")
     assert "within noise of 'constrained loop'" in title_of(fig), title_of(fig)

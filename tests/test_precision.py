@@ -1,13 +1,17 @@
 """The verified half-precision path (notebook 05, ``classify --dtype auto``): the threshold rule, and the rescoring
 on both twins and the embedded model, every label equal to float32's."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from helpers.batching import score_batched
+from helpers.checks import float_tolerance
 from helpers.data import LABELS, build_prompt, encode_prompts
 from helpers.precision import (
     FEW_PER_BATCH,
+    Calibration,
     batch_for_few,
     calibrate,
     calibration_rows,
@@ -64,9 +68,16 @@ def check_the_bound(verified, half, reference, sample):
     """The bound was measured on ``sample``'s rows of the half pass ``half`` (the job's own batches); those rows keep
     float32's scores; of the rest exactly the near ties were rescored, to float32's, and the others keep ``half``'s."""
     info, rescored = verified.info, verified.info["rescored"]
-    assert info["margin_error"] == pytest.approx(margin_error(half[sample], reference[sample]), abs=1e-4)
+    assert info["margin_error"] == pytest.approx(
+        margin_error(half[sample], reference[sample]), abs=float_tolerance(reference)
+    )
     assert rescored == [i for i in near_ties(half, info["threshold"]) if i not in sample]
-    assert torch.allclose(verified.log_scores[rescored + sample], reference.log_scores[rescored + sample], atol=1e-4)
+    assert torch.allclose(
+        verified.log_scores[rescored + sample],
+        reference.log_scores[rescored + sample],
+        rtol=0,
+        atol=float_tolerance(reference),
+    )
     kept = [i for i in range(len(reference)) if i not in rescored and i not in sample]
     assert kept and torch.equal(verified.log_scores[kept], half.log_scores[kept]), "the same batches, in another order"
 
@@ -87,7 +98,7 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
         calibration=6,
         strategy="sorted",
         batch_size=8,
-        on_batch=lambda items, scores, full: relayed.append((items, scores.clone())),
+        on_batch=lambda items, scores, full, exact: relayed.append((items, scores.clone())),
     )
     landed = [i for items, _ in relayed for i in items]
     assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
@@ -107,9 +118,11 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", 8, progress=False)
     assert margin_error(half[rest], reference[rest]) > 0, "the block ran the model in half precision"
     check_the_bound(verified, half, reference, sample)
-    everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), strategy="loop")
+    everything = score_verified(
+        model, tokenizer, scorer, prompts, dtype, calibration=Calibration(threshold=float("inf")), strategy="loop"
+    )
     assert len(everything.info["rescored"]) == len(prompts) - everything.info["calibration"]
-    assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4)
+    assert torch.allclose(everything.log_scores, reference.log_scores, rtol=0, atol=float_tolerance(reference))
     landed = []
     nothing = score_verified(
         model,
@@ -117,11 +130,10 @@ def test_the_verified_path_gives_float32s_label_on_every_row_of_both_twins(any_m
         scorer,
         prompts,
         dtype,
-        calibration=0,
-        threshold=0.0,
+        calibration=Calibration(rows=0, threshold=0.0),
         strategy="sorted",
         batch_size=4,
-        on_batch=lambda items, scores, full: landed.extend(items),
+        on_batch=lambda items, scores, full, exact: landed.extend(items),
     )
     assert nothing.info["rescored"] == [] and nothing.log_scores.dtype == torch.float32
     assert sorted(landed) == list(range(len(prompts))), "every row lands once, at its input position"
@@ -142,8 +154,12 @@ def test_the_verified_path_on_a_wholly_rounded_copy_keeps_every_label(tiny_qwen,
     rounded = score_batched(half, tokenizer, scorer, prompts, "sorted", 8, prefix=own, progress=False)
     assert margin_error(rounded, reference) > 0, "the copy ran in half precision"
     check_the_bound(verified, rounded, reference, calibration_rows(tokenizer, prompts, 6))
-    everything = score_verified(model, tokenizer, scorer, prompts, dtype, threshold=float("inf"), whole=half, **plan)
-    assert torch.allclose(everything.log_scores, reference.log_scores, atol=1e-4), "rescored on the float32 model"
+    everything = score_verified(
+        model, tokenizer, scorer, prompts, dtype, calibration=Calibration(threshold=float("inf")), whole=half, **plan
+    )
+    assert torch.allclose(everything.log_scores, reference.log_scores, rtol=0, atol=float_tolerance(reference)), (
+        "rescored"
+    )
     other = "float16" if dtype == "bfloat16" else "bfloat16"
     with pytest.raises(ValueError, match=f"not {other}: pass half_copy"):
         score_verified(model, tokenizer, scorer, prompts, other, whole=half, **plan)
@@ -160,12 +176,14 @@ def test_the_few_rows_run_in_sorted_batches_of_a_quarter_of_their_set_within_the
     prompts = prompts_for(tokenizer, [f"ticket {i} " + "word " * (i % 7) for i in range(20)])
     calls = []  # each pass: (rows, strategy, batch_size, token_budget)
 
-    def spy(model, tokenizer, scorer, chosen, strategy="sorted", batch_size=16, token_budget=None, **options):
-        calls.append((len(chosen), strategy, batch_size, token_budget))
-        return score_batched(model, tokenizer, scorer, chosen, strategy, batch_size, token_budget, **options)
+    def spy(model, tokenizer, scorer, chosen, how, **options):
+        calls.append((len(chosen), how.strategy, how.batch_size, how.token_budget))
+        return score_batched(model, tokenizer, scorer, chosen, how, **options)
 
     monkeypatch.setattr("helpers.precision.score_batched", spy)
-    everything = dict(dtype="bfloat16", calibration=8, threshold=float("inf"))  # rescores all 12 after the calibration
+    everything = dict(
+        dtype="bfloat16", calibration=Calibration(8, threshold=float("inf"))
+    )  # rescores all 12 after the calibration
     score_verified(model, tokenizer, scorer, prompts, **everything, strategy="arbitrary", batch_size=16)
     assert calls == [(8, "sorted", 4, None), (20, "arbitrary", 16, None), (12, "sorted", 4, None)]
     for plan in (dict(strategy="loop", batch_size=1), dict(strategy="token_budget", batch_size=None, token_budget=900)):
@@ -231,11 +249,14 @@ def test_calibration_reads_its_rows_half_scores_from_the_jobs_own_batches_and_ru
     reference = score_batched(model, tokenizer, scorer, prompts, **plan)
     with mixed_precision(model, "bfloat16"):
         half = score_batched(model, tokenizer, scorer, prompts, **plan)
-    rows, first, error, threshold, seconds = calibrate(model, tokenizer, scorer, prompts, "bfloat16", k=3, **plan)
+    rows, first, error, threshold, seconds = calibrate(model, tokenizer, scorer, prompts, "bfloat16", 3, **plan)
     assert rows == calibration_rows(tokenizer, prompts, 3) and torch.allclose(
         first.log_scores, reference.log_scores[rows]
     )
-    assert error == pytest.approx(margin_error(half[rows], reference[rows]), abs=1e-5) and seconds > 0
+    assert (
+        error == pytest.approx(margin_error(half[rows], reference[rows]), abs=float_tolerance(reference))
+        and seconds > 0
+    )
     assert threshold == pytest.approx(max(2 * error, rounding_step(first, "bfloat16")))
     ran = []
     real = batching.label_log_probs
@@ -245,7 +266,7 @@ def test_calibration_reads_its_rows_half_scores_from_the_jobs_own_batches_and_ru
         return real(model, scorer, batch, *args, **kwargs)
 
     monkeypatch.setattr(batching, "label_log_probs", counted)
-    calibrate(model, tokenizer, scorer, prompts, "bfloat16", k=3, **plan)
+    calibrate(model, tokenizer, scorer, prompts, "bfloat16", 3, **plan)
     holding = [batch for batch in half.info["batches"] if set(rows) & set(batch)]
     assert [size for in_half, size in ran if in_half] == [len(batch) for batch in holding]
 
@@ -288,15 +309,17 @@ def test_a_row_that_overflows_in_half_precision_is_rescored_in_float32_and_count
     monkeypatch.setattr(batching, "label_log_probs", overflowing)
     landed = []
     verified = score_verified(
-        model, tokenizer, scorer, prompts, "bfloat16", calibration=0, threshold=0.0, strategy="sorted", batch_size=4,
-        on_batch=lambda items, scores, full: landed.extend(items),
+        model, tokenizer, scorer, prompts, "bfloat16", Calibration(0, threshold=0.0), strategy="sorted", batch_size=4,
+        on_batch=lambda items, scores, full, exact: landed.extend(items),
     )  # fmt: skip
     broken = verified.info["non_finite"]
     assert len(broken) == len(prompts) // 4 and set(broken) <= set(verified.info["rescored"])
     assert sorted(landed) == list(range(len(prompts))), "every row lands once"
     assert torch.isfinite(verified.log_scores).all(), "threshold 0: only the broken rows are rescored"
     assert verified.info["rescored"] == broken
-    assert torch.allclose(verified.log_scores[broken], reference.log_scores[broken], atol=1e-4), "float32's scores"
+    assert torch.allclose(
+        verified.log_scores[broken], reference.log_scores[broken], rtol=0, atol=float_tolerance(reference)
+    )
     # a calibration row that overflows bounds nothing: it keeps float32's scores, the others set the threshold
     calibrated = score_verified(
         model, tokenizer, scorer, prompts, "bfloat16", calibration=6, strategy="sorted", batch_size=4
@@ -332,11 +355,11 @@ def test_a_row_no_pass_filled_stops_the_run_instead_of_holding_garbage(tiny_qwen
     prompts = prompts_for(tokenizer, tickets["text"][:8])
     real = precision.score_batched
 
-    def losing(*args, on_batch=None, **kwargs):  # the half pass forgets to hand on its last batch
+    def losing(model, tokenizer, scorer, prompts, how, **kwargs):  # the half pass forgets to hand on its last batch
         batches = []
-        result = real(*args, on_batch=lambda *batch: batches.append(batch), **kwargs)
+        result = real(model, tokenizer, scorer, prompts, replace(how, on_batch=lambda *b: batches.append(b)), **kwargs)
         for batch in batches[:-1] if torch.is_autocast_enabled("cpu") else batches:
-            on_batch(*batch) if on_batch is not None else None
+            how.on_batch(*batch) if how.on_batch is not None else None
         return result
 
     monkeypatch.setattr(precision, "score_batched", losing)
@@ -361,3 +384,59 @@ def test_a_job_sorted_by_length_calibrates_on_its_whole_range_and_keeps_every_la
     verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", calibration=8, strategy="sorted")
     assert verified.predictions == reference.predictions
     assert len(verified.info["rescored"]) >= 3, "near ties were there to rescore"
+
+
+def test_a_rescored_row_beyond_the_bound_widens_it_and_the_rows_under_the_wider_bound_are_rescored(
+    tiny_qwen, tickets, monkeypatch
+):
+    """The near ties are scored both ways anyway: each is one more calibration row. One whose error exceeds the bound
+    widens it to ``safety`` times that error, and every row under the wider bound is rescored, float32's scores."""
+    import helpers.precision as precision
+
+    model, tokenizer, _ = tiny_qwen
+    scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"])
+    reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    with mixed_precision(model, "bfloat16"):
+        half = score_batched(model, tokenizer, scorer, prompts, "sorted", 8, progress=False)
+    first = sorted(half.margins.tolist())[1] + 1e-3  # two near ties at first
+    monkeypatch.setattr(precision, "change_in_gaps", lambda half, full: torch.full((len(half),), 0.2))
+    exact, plan = (
+        {},
+        dict(strategy="sorted", batch_size=8, on_batch=lambda items, s, full, e: exact.update(dict.fromkeys(items, e))),
+    )
+    verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", Calibration(0, 2.0, first), **plan)
+    info = verified.info
+    assert (
+        info["calibrated"] == first
+        and info["threshold"] == pytest.approx(0.4)
+        and info["evidence_error"] == pytest.approx(0.2)
+    )
+    assert info["rescored"] == near_ties(half, 0.4) and len(info["rescored"]) > 2, "the wider bound rescored more"
+    assert info["evidence"] == len(info["rescored"])
+    rescored = info["rescored"]
+    assert torch.allclose(
+        verified.log_scores[rescored], reference.log_scores[rescored], rtol=0, atol=float_tolerance(reference)
+    )
+    assert {i for i, e in exact.items() if e} == set(rescored), "each row's last landing says whose scores it holds"
+    assert verified.predictions == reference.predictions
+
+
+def test_every_calibration_row_overflowing_falls_back_to_float32_for_every_row(tiny_llama, tickets, monkeypatch):
+    import helpers.batching as batching
+
+    model, tokenizer, _ = tiny_llama
+    scorer, prompts = LabelScorer(tokenizer, LABELS), prompts_for(tokenizer, tickets["text"])
+    reference = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
+    real = batching.label_log_probs
+
+    def overflowing(model, scorer, rows, *args, **kwargs):  # every half-precision row overflows
+        scores = real(model, scorer, rows, *args, **kwargs).clone()
+        return scores.fill_(float("nan")) if torch.is_autocast_enabled("cpu") else scores
+
+    monkeypatch.setattr(batching, "label_log_probs", overflowing)
+    verified = score_verified(model, tokenizer, scorer, prompts, "bfloat16", 4, strategy="sorted", batch_size=4)
+    info = verified.info
+    assert info["overflowed"] and info["threshold"] == float("inf")
+    assert len(info["rescored"]) == len(prompts) - 4, "every row but the calibration's, which are float32's already"
+    assert torch.allclose(verified.log_scores, reference.log_scores, rtol=0, atol=float_tolerance(reference))
+    assert verified.predictions == reference.predictions

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -140,12 +141,81 @@ def test_a_batch_with_nan_scores_never_lands_as_done(tmp_path, capsys, monkeypat
     assert landed([path]) == 4 and "NaN" not in path.read_text(), "only the first batch landed"
 
 
-def test_a_progress_line_holds_its_row_its_scores_and_whether_it_ran_in_full(tmp_path):
-    expected = {"labels": ["a", "b"]}
+def test_a_progress_line_holds_its_row_its_scores_whether_it_ran_in_full_and_whose_scores_they_are(tmp_path):
+    expected = {"labels": ["a", "b"], "resolved": "bfloat16"}
     writer = resume.ProgressWriter(tmp_path / "out.csv", 0, expected)
-    writer.append([5, 2], [[-0.1, -2.3], [-1.5, -0.25]], False)
+    writer.append([5, 2], [[-0.1, -2.3], [-1.5, -0.25]], False, False)  # the half pass's
+    writer.append([2], [[-1.4, -0.3]], False, True)  # rescored in float32: the last line of a row is its own
     writer.close()
     lines = resume.progress_path(tmp_path / "out.csv", 0).read_text().splitlines()
     assert json.loads(lines[0]) == {"fingerprint": expected}
-    assert json.loads(lines[2]) == {"row": 2, "scores": [-1.5, -0.25], "full": False}
-    assert resume.read_progress(tmp_path / "out.csv", expected) == {5: ([-0.1, -2.3], False), 2: ([-1.5, -0.25], False)}
+    assert json.loads(lines[2]) == {"row": 2, "scores": [-1.5, -0.25], "full": False, "exact": False}
+    done = resume.read_progress(tmp_path / "out.csv", {"labels": ["a", "b"]})  # the resolution is not compared
+    assert done == {5: ([-0.1, -2.3], False, False), 2: ([-1.4, -0.3], False, True)}
+    assert resume.resolved(tmp_path / "out.csv") == "bfloat16"
+
+
+AUTO = Path(__file__).parent / "auto_driver.py"
+
+
+def float32_labels_under_the_run_prior(tmp_path, capsys, source, options, result: Path) -> None:
+    """Every row's label in ``result`` is float32's under the prior the run divided out: float32's raw scores of the
+    same rows (a float32 run without a prior), that prior read back from the result's p_ and raw_p_ columns."""
+    reference = tmp_path / "float32.csv"
+    plain = [*options, "--prior", "none"]
+    plain[plain.index("--prior")], plain[plain.index("--prior") + 1] = "--prior", "none"  # the last --prior wins
+    code, err = classify([str(source), "--output", str(reference), *plain], capsys)
+    assert code == 0, err
+    ran, f32 = pd.read_csv(result), pd.read_csv(reference)
+    labels = ["billing", "technical", "account"]
+    raw, after = ran[[f"raw_p_{x}" for x in labels]].to_numpy(), ran[[f"p_{x}" for x in labels]].to_numpy()
+    shift = np.log(raw) - np.log(after)  # p = raw / prior, normalised: the prior's log, up to a constant per row
+    shift -= shift.mean(1, keepdims=True)
+    log_prior = shift[0]
+    assert np.allclose(shift, log_prior, atol=1e-2), "one prior for every row (the files keep 8 decimals)"
+    expected = np.array(labels)[(np.log(f32[[f"p_{x}" for x in labels]].to_numpy()) - log_prior).argmax(1)]
+    assert (ran["predicted_label"].to_numpy() == expected).all(), "a row left float32's label under the run's prior"
+
+
+def test_a_resumed_auto_run_keeps_the_precision_its_stopped_run_resolved(tmp_path, capsys, monkeypatch):
+    """Stopped where bfloat16 was fast, resumed where it is not: the resumed run keeps bfloat16 (one precision per
+    run), and with the job prior every row ends with float32's label under the printed prior."""
+    from tests.test_profile import synthetic
+
+    source, options = job(tmp_path)
+    options = [*options, "--dtype", "auto"]
+    stopped = tmp_path / "stopped.csv"
+    killed = subprocess.run(
+        [sys.executable, str(AUTO), "8.0", "classify", str(source), "--output", str(stopped), *options],
+        env={**ENV, "KILL_AFTER": "4"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode != 0 and "bfloat16 (its matmul runs at 8.0x float32's here)" in killed.stderr
+    header = json.loads(resume.progress_files(stopped)[0].read_text().splitlines()[0])
+    assert header["fingerprint"]["resolved"] == "bfloat16"
+    monkeypatch.setattr("helpers.classify.machine_profile", lambda *a, **k: synthetic(bf16=2.4, fp32=120.0))
+    code, err = classify([str(source), "--output", str(stopped), *options], capsys)
+    assert code == 0, err
+    assert "--dtype auto: bfloat16, as the stopped run of this job resolved it" in err, err
+    assert "bfloat16 verified in float32" in err and "every label is float32's wherever" in err, err
+    float32_labels_under_the_run_prior(tmp_path, capsys, source, options[:-2], stopped)
+
+
+def test_two_processes_share_one_auto_precision_and_one_bound(tmp_path, capsys):
+    """Rank 1 alone would stay in float32 (its bfloat16 is slow): rank 0 resolves for both, and every row, whichever
+    process scored it, ends with float32's label under the job prior the run printed."""
+    source, options = job(tmp_path)
+    output = tmp_path / "two.csv"
+    done = subprocess.run(
+        [*TORCHRUN, "--master_port", "29571", str(AUTO), "8.0,0.02", "classify", str(source), "--output", str(output),
+         *options, "--dtype", "auto"],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "matmuls only, verified" in done.stderr and "(chosen on process 0 for all 2)" in done.stderr, done.stderr
+    assert "(the largest of 2 bounds: 2 process(es)' shares)" in done.stderr and "2 process(es)" in done.stderr, (
+        done.stderr
+    )
+    float32_labels_under_the_run_prior(tmp_path, capsys, source, options, output)

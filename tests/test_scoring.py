@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.checks import agreement, assert_agrees
+from helpers.checks import agreement, assert_agrees, float_tolerance
 from helpers.data import LABELS, build_prompt
 from helpers.generation import parse_label
 from helpers.scoring import LabelScorer, LabelScores, score_one_by_one, score_the_slow_way
@@ -59,7 +59,7 @@ def test_first_token_equals_full_sequence_for_single_token_labels(any_model, tic
     prompts = prompts_for(tokenizer, tickets["text"])
     first = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels, "first_token"), prompts, progress=False)
     full = score_one_by_one(model, tokenizer, LabelScorer(tokenizer, labels, "sequence"), prompts, progress=False)
-    assert_agrees(first, full, atol=1e-6)
+    assert_agrees(first, full, atol=float_tolerance(first))
 
 
 @pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_qwen", "embedded"])
@@ -71,11 +71,15 @@ def test_constrained_scores_equal_the_slow_full_forward_on_every_ticket(request,
     texts, examples = (tickets["text"][:3], few_shot[:1]) if model_name == "embedded" else (tickets["text"], few_shot)
     prompts = prompts_for(tokenizer, texts, examples)
     slow = score_the_slow_way(model, tokenizer, scorer, prompts)
-    assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=1e-3)
+    assert_agrees(slow, score_one_by_one(model, tokenizer, scorer, prompts, progress=False), atol=float_tolerance(slow))
     # Length-normalised: the same sums divided by each label's token count.
     normalized = LabelScorer(tokenizer, LABELS, normalize=True)
     per_token = LabelScores(LABELS, slow.log_scores / normalized.lengths)
-    assert_agrees(per_token, score_one_by_one(model, tokenizer, normalized, prompts, progress=False), atol=1e-3)
+    assert_agrees(
+        per_token,
+        score_one_by_one(model, tokenizer, normalized, prompts, progress=False),
+        atol=float_tolerance(per_token),
+    )
 
 
 def test_several_multi_token_labels_are_scored_together(any_model, tickets):
@@ -87,7 +91,7 @@ def test_several_multi_token_labels_are_scored_together(any_model, tickets):
     prompts = prompts_for(tokenizer, tickets["text"])
     fast = score_one_by_one(model, tokenizer, scorer, prompts, progress=False)
     slow = score_the_slow_way(model, tokenizer, scorer, prompts)
-    assert_agrees(slow, fast, atol=1e-3)
+    assert_agrees(slow, fast, atol=float_tolerance(slow))
 
 
 def test_scores_make_probabilities_and_a_frame(tiny_llama, tickets):
@@ -160,7 +164,7 @@ def test_label_branches_on_the_prefix_cache_in_padded_batches_equal_the_slow_way
     batched = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=3, prefix=cache, progress=False)
     assert batched.info["padding_fraction"] > 0, "the batches must hold rows of different lengths"
     slow = score_the_slow_way(model, tokenizer, scorer, prompts)
-    assert_agrees(slow, batched, atol=1e-3)
+    assert_agrees(slow, batched, atol=float_tolerance(slow))
 
 
 def test_several_multi_token_labels_refuse_a_sliding_window_they_would_see_past():
@@ -284,8 +288,9 @@ def test_the_tree_mask_stays_finite_when_added_to_scores_in_low_precision(embedd
 
 
 # The largest label log-prob differences measured against the one-at-a-time reference (helpers/checks.py): float32
-# by summation order; float16 on the embedded model's 24 tickets; bfloat16 on the article's 600.
-@pytest.mark.parametrize("dtype, measured", [("float32", 1e-5), ("bfloat16", 0.52), ("float16", 0.04)])
+# by summation order (every instruction set and thread count of docs/testing.md); float16 on the embedded model's 24
+# tickets; bfloat16 on the article's 600.
+@pytest.mark.parametrize("dtype, measured", [("float32", 4e-5), ("bfloat16", 0.52), ("float16", 0.04)])
 def test_each_dtype_has_an_agreement_tolerance_above_what_was_measured(dtype, measured):
     from helpers.checks import tolerance_for
 
