@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from .scoring import LabelScores
+from .scoring import LabelScores, score_one_by_one
 
 # float32 paths differ from the reference only by summation order (at most 4e-5 on log-probs measured, docs/testing.md).
 # Lower precision rounds every layer: on the embedded model (24 few-shot tickets, batches of 8, prefix cache, CPU)
@@ -78,6 +78,23 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_A
         worst = name((reference.log_scores - candidate.log_scores).abs().max(-1).values.argmax().item())
         raise AssertionError(f"label log-probs differ by {stats['max_abs_diff']:.2e} > {atol:.1e} (worst: {worst})")
     return stats
+
+
+def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, dtype=None, shift=None) -> dict:
+    """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype.
+    ``shift``: a verified half-precision run's (``--dtype auto``): labels identical to float32's after it (the run's
+    prior, or 0.0), log-probs within the dtype's tolerance. No lesson builds it: ``classify --verify``."""
+    rows = sorted(np.random.default_rng(0).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
+    reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
+    numbers, exact, shift = [r + 1 for r in rows], shift is not None, 0.0 if shift is None else shift
+    tolerance = replace(tolerance := tolerance_for(dtype or model.dtype), near_ties=tolerance.near_ties and not exact)
+    candidate = LabelScores(scorer.labels, log_scores[rows] - shift)
+    reference = LabelScores(scorer.labels, reference.log_scores - shift)
+    try:
+        stats = assert_agrees(reference, candidate, tolerance, item_names=[f"row {n}" for n in numbers])
+    except AssertionError as error:
+        raise RuntimeError(f"verification failed on sampled rows {numbers}: {error}") from None
+    return {**stats, "rows": numbers, "atol": tolerance.atol, "exact": not tolerance.near_ties}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -12,20 +12,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from . import resume, tables
 from .batching import STRATEGIES, NonFiniteScores
-from .checks import assert_agrees, tolerance_for
+from .checks import tolerance_for, verify_sample
 from .data import uses_chat_template
 from .precision import SAFETY, calibrate, choose_half, near_ties, rescore, run_plan, score_verified, settle_job_prior
 from .prefix_cache import PrefixCache
 from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior, sample_prior, save_prior
 from .processes import Processes
 from .profile import machine_profile
-from .scoring import LabelScorer, LabelScores, score_one_by_one
+from .scoring import LabelScorer, LabelScores
 from .tables import InputError, rows_text
 
 # Rows per batch by default. On 300 article rows (3 shots, prefix cache, 2-core Xeon) float32 ran 4.3-5.2 items/s at
@@ -39,23 +38,6 @@ COLLAPSE_MIN_ROWS = 10
 # a job of fewer rows, whose mean would be mostly its own rows, gets the content-free prior.
 PRIOR = "job"
 JOB_PRIOR_MIN_ROWS = 10
-
-
-def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, dtype=None, shift=None) -> dict:
-    """Re-run ``k`` random rows one at a time; raise on a disagreement beyond ``tolerance_for`` the scores' dtype.
-    ``shift``: a verified half-precision run's (``--dtype auto``): labels identical to float32's after it (the run's
-    prior, or 0.0), log-probs within the dtype's tolerance."""
-    rows = sorted(np.random.default_rng(0).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
-    reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
-    numbers, exact, shift = [r + 1 for r in rows], shift is not None, 0.0 if shift is None else shift
-    tolerance = replace(tolerance := tolerance_for(dtype or model.dtype), near_ties=tolerance.near_ties and not exact)
-    candidate = LabelScores(scorer.labels, log_scores[rows] - shift)
-    reference = LabelScores(scorer.labels, reference.log_scores - shift)
-    try:
-        stats = assert_agrees(reference, candidate, tolerance, item_names=[f"row {n}" for n in numbers])
-    except AssertionError as error:
-        raise RuntimeError(f"verification failed on sampled rows {numbers}: {error}") from None
-    return {**stats, "rows": numbers, "atol": tolerance.atol, "exact": not tolerance.near_ties}
 
 
 def collapse_warning(predictions: Sequence[str], labels: Sequence[str], examples: int = 0, prior="none") -> str | None:
@@ -141,6 +123,8 @@ class Options:
             raise InputError(f"unknown prior {self.prior!r}: use one of {', '.join(PRIORS)}")
         if self.prior_from is not None and self.prior is not None:
             raise InputError(f"--prior-from {self.prior_from} and --prior {self.prior}: give one of them")
+        if self.label_column != "label" and self.prior != "labelled":
+            raise InputError(f"--label-column {self.label_column}: only --prior labelled reads it")
         if self.save_prior is not None and self.prior == "none":
             raise InputError("--save-prior with --prior none: there is no prior to save")
         if self.save_prior is not None and not Path(self.save_prior).parent.is_dir():
@@ -183,6 +167,8 @@ class Job:
             why = f"--prior labelled needs a {options.label_column!r} column holding one of {', '.join(checked)}"
             why += " on every row (--label-column names it)"
             raise InputError(f"{table.path}: {rows_text(wrong)}: {why}")
+        if gold is not None and (unseen := [label for label in checked if label not in gold]):
+            raise InputError(f"{table.path}: --prior labelled needs a row of each label: none is labelled {unseen}")
         return cls(checked, output, table, examples, gold)
 
 
@@ -197,10 +183,11 @@ class Passes:
     prompts: list[str]
     plan: dict
     half: str | None = None
+    prior: Prior | None = None  # a prior known before the first row (content-free, a file's): near ties read after it
 
-    def share(self, rows: list[int], land: Callable) -> dict:
+    def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
-        lands. Returns the verified path's run record (its bound, calibration rows, phases), else {}."""
+        lands, ``note(bound)`` as the verified path's bound is set or widened. Returns its run record, else {}."""
 
         def landed(items, scores, full, exact=self.half is None and self.model.dtype == torch.float32):
             land([rows[j] for j in items], scores, full, exact)
@@ -209,10 +196,12 @@ class Passes:
         if self.half is None:
             run_plan(self.model, self.tokenizer, self.scorer, chosen, self.plan, on_batch=landed)
             return {}
-        options = dict(self.plan, on_batch=landed, progress=False)
-        verified = score_verified(self.model, self.tokenizer, self.scorer, chosen, self.half, **options)
+        options = dict(self.plan, on_batch=landed, on_bound=note, progress=False)
+        verified = score_verified(
+            self.model, self.tokenizer, self.scorer, chosen, self.half, prior=self.prior, **options
+        )
         run = {key: verified.info[key] for key in RUN_RECORD}
-        return dict(run, rescored=[rows[j] for j in verified.info["rescored"]])
+        return dict(run, rescored=[rows[j] for j in verified.info["rescored"]], source="process")
 
     def rescore(self, rows: list[int]) -> torch.Tensor:
         """``rows``' log-scores in float32."""
@@ -225,13 +214,13 @@ class Passes:
         rows, first, error, bound, seconds = calibrate(
             self.model, self.tokenizer, self.scorer, self.prompts, self.half, **options
         )
-        run = dict(threshold=bound, calibrated=bound, margin_error=error, calibration=len(rows), evidence=0)
-        run.update(evidence_error=None, phase_seconds=dict(calibration=seconds), rescored=[], at_the_end=True)
-        return rows, first, run
+        run = dict(NO_RUN, threshold=bound, calibrated=bound, margin_error=error, calibration=len(rows), source="end")
+        return rows, first, dict(run, phase_seconds=dict(calibration=seconds))
 
 
-# What each process's verified path reports to rank 0.
+# What each process's verified path reports to rank 0; a bound from elsewhere (the end, a stopped run) fills the rest.
 RUN_RECORD = ("threshold", "calibrated", "margin_error", "calibration", "evidence", "evidence_error", "phase_seconds")
+NO_RUN = dict(margin_error=None, calibration=0, evidence=0, evidence_error=None, phase_seconds={}, rescored=[])
 
 
 def classify_file(
@@ -259,6 +248,7 @@ def classify_file(
     # reads every progress file before any appends to its own: step waits for all of them each time.
     group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
     done = group.step(lambda: resume.read_progress(job.output, fingerprint))
+    earlier = group.step(lambda: resume.recorded_bound(job.output))  # the stopped run's bound, if it noted one
     _say_how(tell, options, tokenizer, scorer, done, len(job.table), job.output)
     from .models import load_model
 
@@ -273,18 +263,21 @@ def classify_file(
     fixed = from_file
     if prior == "content-free":
         fixed = group.step(lambda: content_free_prior(model, tokenizer, scorer, job.examples))
+    passes.prior = fixed
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     mine = group.share([i for i in range(len(job.table)) if i not in done])
     bar = options.progress and group.main
     scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
-    rows, runs = dict(group.gather(list(scored.items()))), [run for run in group.gather([run]) if run]
+    pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
+    rows = dict(pairs)
     where = info.name, f"{half} verified in float32" if half else info.dtype, info.device, group.count
     outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache)
-    outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(rows)
+    outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(pairs)
     if group.main:
         rows.update(done)
-        _conclude(passes, job, Gathered(rows, runs, prior, fixed, bool(done), job.gold), outcome, options, tell)
+        gathered = Gathered(rows, runs, prior, fixed, bool(done), job.gold, earlier)
+        _conclude(passes, job, gathered, outcome, options, tell)
     outcome.seconds = time.perf_counter() - start
     if group.main:
         tell(outcome.summary())
@@ -305,6 +298,7 @@ class Gathered:
     fixed: Prior | None
     resumed: bool
     gold: list[str] | None = None
+    earlier: float | None = None  # the largest bound the stopped run noted
 
     def rule(self) -> Callable[[LabelScores], Prior | None]:
         """The prior the run divides out, from its scores: the job's mean, fitted to its labelled rows, or fixed."""
@@ -318,7 +312,7 @@ class Gathered:
 def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyResult, options: Options, tell) -> None:
     """Rank 0's end of the run: the bound and the prior settled, ``--verify``, what was proven said, the write."""
     rows, runs, fixed, half = gathered.rows, gathered.runs, gathered.fixed, passes.half
-    if sorted(rows) != list(range(len(job.table))):
+    if sorted(rows) != list(range(len(job.table))) or outcome.computed + outcome.resumed != len(rows):
         raise RuntimeError(f"gathered {len(rows)} results for {len(job.table)} rows: some rows are missing or doubled")
     outcome.full_prompt_rows = sorted(i + 1 for i, (_, full, _) in rows.items() if full)
     scores = LabelScores(job.labels, torch.tensor([rows[i][0] for i in range(len(rows))]))
@@ -340,7 +334,8 @@ def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyRes
         tell(f"prior saved to {options.save_prior}: pass --prior-from {options.save_prior} to later jobs")
     outcome.predictions = scores.predictions
     if half:
-        tell(_bound_line(runs, len(outcome.rescored), len(job.table)))
+        for line in _bound_lines(runs, len(outcome.rescored), len(job.table), half):
+            tell(line)
         tell(_time_line(runs, outcome.processes))
     elif outcome.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(outcome.dtype).atol
@@ -408,9 +403,8 @@ def _precision(group: Processes, options: Options, model, info, output: Path, te
     recorded it, else by rank 0's machine profile (notebook 00), handed to every process."""
     recorded = group.step(lambda: resume.resolved(output))
     if recorded is not None:
-        half = None if recorded == "float32" else recorded
         tell(f"--dtype auto: {recorded}, as the stopped run of this job resolved it (one precision per run)")
-        return half
+        return None if recorded == "float32" else recorded
     half, why = group.decide(lambda: choose_half(machine_profile(model, info, say=tell)))
     shared = f" (chosen on process 0 for all {group.count})" if group.count > 1 else ""
     tell(f"--dtype auto: {why}{shared}" + (", matmuls only, verified: near ties rescored in float32" if half else ""))
@@ -450,7 +444,7 @@ def _score_share(
         bar.update(len(fresh))
 
     try:
-        run = passes.share(mine, land)
+        run = passes.share(mine, land, writer.bound)
     finally:
         writer.close()
         bar.close()
@@ -459,16 +453,22 @@ def _score_share(
 
 def _settle(passes: Passes, scores: LabelScores, exact: set, runs: list, gathered: Gathered):
     """A verified run's last step, on rank 0 (``settle_job_prior``): every row not float32's whose margin under the
-    prior the run ends with is under the processes' largest bound rescored in float32; where rows were resumed
-    (scored against an earlier bound) or none was scored, under a bound measured now too (``Passes.calibrate``).
-    Returns (scores, prior, rows rescored, runs)."""
+    prior the run ends with is under the largest bound (the processes', the stopped run's, and where rows were resumed
+    or none was scored, one measured now: ``Passes.calibrate``) is rescored in float32, each read as evidence that
+    widens the bound where it exceeds it. Returns (scores, prior, rows rescored, runs)."""
     log_scores = scores.log_scores.clone()
     if gathered.resumed or not runs:
         rows, first, run = passes.calibrate()
         runs, log_scores[rows], exact = [*runs, run], first.log_scores, exact | set(rows)
+    if gathered.earlier is not None:  # the resumed half rows were scored under it
+        runs = [*runs, dict(NO_RUN, threshold=gathered.earlier, calibrated=gathered.earlier, source="stopped")]
     bound = max(run["threshold"] for run in runs)
     settled = settle_job_prior(LabelScores(scores.labels, log_scores), exact, bound, passes.rescore, gathered.rule())
-    return *settled, runs
+    result, prior, added, final, error = settled
+    if added:  # the rows rescored here were scored both ways too
+        runs = [*runs, dict(NO_RUN, threshold=final, calibrated=bound, evidence=len(added), evidence_error=error)]
+        runs[-1]["source"] = "settle"
+    return result, prior, added, runs
 
 
 def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
@@ -484,30 +484,33 @@ def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
     return stats
 
 
-def _bound_line(runs: list, rescored: int, rows: int) -> str:
-    """What the verified path proved, and what it rests on."""
-    head = f"--dtype auto: {rescored} of {rows} rows rescored in float32"
-    if not runs:
-        return f"{head} (every row resumed, each under the bound of the run that scored it)"
-    bound = max(run["threshold"] for run in runs)
+def _bound_lines(runs: list, rescored: int, rows: int, dtype: str) -> list[str]:
+    """What the verified path proved, and what it rests on: where the bound came from, the rows checked against it."""
+    bound, head = max(run["threshold"] for run in runs), f"--dtype auto: {rescored} of {rows} rows rescored in float32"
     if bound == float("inf"):
-        return f"{head}: half precision overflowed on every calibration row, so every row was scored in float32"
-    largest = max(runs, key=lambda run: run["threshold"])
-    sample = f"{largest['calibration']} rows spread over the length order"
-    now = sum(run.get("at_the_end", False) for run in runs)  # measured over the whole job after resumed rows
-    parts = [f"{len(runs) - now} process(es)' shares"] * (len(runs) > now) + ["the whole job, at the end"] * now
-    sample += f" (the largest of {len(runs)} bounds: {' and '.join(parts)})" if len(runs) > 1 else ""
-    measured = f"{SAFETY:g}x the largest change rounding made to a gap between two labels' scores on {sample}"
-    if largest["threshold"] > largest["calibrated"]:
-        measured += f", widened from {largest['calibrated']:.3g} by a rescored row's error"
-    checked = sum(run["evidence"] for run in runs)
-    errors = [run["evidence_error"] for run in runs if run["evidence_error"] is not None]
-    evidence = f"; the {checked} rows rescored anyway, scored both ways, moved a gap by at most " if errors else ""
-    evidence += f"{max(errors):.3g}" if errors else ""
-    return (
-        f"{head}: every row whose top two labels were closer than {bound:.3g}, or not finite. The bound: {measured}"
-        f"{evidence}. So every label is float32's wherever rounding moved no row's gap by more than {bound:.3g}"
+        return [f"{head}: half precision overflowed on every calibration row of a share, so every row ran in float32"]
+    top = max(runs, key=lambda run: run["threshold"])
+    moved = f"widened to {SAFETY:g}x the largest change a rescored row showed ({top['evidence_error'] or 0:.3g})"
+    if top["source"] == "stopped":
+        origin = "the stopped run's, as it noted it"
+    elif top["threshold"] > top["calibrated"]:
+        origin = moved
+    elif top["margin_error"] is not None and top["margin_error"] * SAFETY < top["threshold"]:
+        origin = f"one {dtype} rounding step at the scores' scale (the calibration rows moved a gap by at most "
+        origin += f"{top['margin_error']:.3g})"
+    else:
+        origin = f"{SAFETY:g}x the largest change rounding made to a gap between two labels on {top['calibration']} "
+        origin += "calibration rows, from the shortest to the longest"
+    several = f", the largest of {len(runs)} (each process's and the end's)" if len(runs) > 1 else ""
+    checked, errors = sum(run["evidence"] for run in runs), [r["evidence_error"] for r in runs if r["evidence_error"]]
+    evidence = (
+        f" {checked} rescored rows, scored both ways, moved a gap by at most {max(errors):.3g}." if errors else ""
     )
+    return [
+        f"{head}: those whose top two labels were closer than {bound:.3g}, or not finite",
+        f"--dtype auto, the bound: {origin}{several}.{evidence} Every label is float32's provided rounding moved no "
+        f"row's gap by more than {bound:.3g}",
+    ]
 
 
 def _time_line(runs: list, processes: int) -> str:

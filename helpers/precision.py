@@ -269,6 +269,8 @@ class _Verified:
             raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
         self.model, self.tokenizer, self.scorer, self.prompts = model, tokenizer, scorer, prompts
         self.on_batch, self.plan = plan.pop("on_batch", None) or (lambda *batch: None), plan
+        self.on_bound = plan.pop("on_bound", None) or (lambda bound: None)  # a resumed run reads the last one back
+        self.noted = False
         self.log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
         self.shift = None if prior is None else prior.for_labels(scorer.labels)
         self.bound, self.threshold, self.phases = None, calibration.threshold, {}  # phases: seconds of each
@@ -288,6 +290,9 @@ class _Verified:
         if self.bound is not None and self.bound.overflowed:
             raise _Bounded  # every calibration row overflowed: the rest of the half pass would bound nothing
         self.threshold = self.threshold if self.bound is None else self.bound.threshold
+        if not self.noted:  # the bound is known now
+            self.noted = True
+            self.on_bound(self.threshold)
         for items, scores, was_full in self.waiting:
             bad = set((~torch.isfinite(scores).all(-1)).nonzero().flatten().tolist())  # overflowed: float32's instead
             near = bad | set(near_ties(LabelScores(self.scorer.labels, scores, prior=self.shift), self.threshold))
@@ -316,7 +321,11 @@ class _Verified:
             chosen = [self.prompts[i] for i in todo]
             passed = rescore(self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, on_batch=landed))
             self.phases["rescore"] += passed.info["seconds"]
-            self.threshold = _widened(self.threshold, self.safety, self.halves, self.log_scores, self.evidence)
+            if (
+                wider := _widened(self.threshold, self.safety, self.halves, self.log_scores, self.evidence)
+            ) > self.threshold:
+                self.threshold = wider
+                self.on_bound(wider)
             margins = LabelScores(self.scorer.labels, self.log_scores, prior=self.shift)
             settled = {*self.sample, *self.rescored}
             for i in [i for i in near_ties(margins, self.threshold) if i not in settled]:
@@ -337,20 +346,25 @@ def _widened(threshold: float, safety: float, halves: dict, log_scores: torch.Te
     return threshold if largest <= threshold else largest * safety
 
 
-def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows, prior_of=job_prior):
+def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows, prior_of=job_prior, safety=SAFETY):
     """A verified run's last step, on all its rows at once: the prior ``prior_of(scores)`` (default the job's own; a
     fixed one, or None), every row not already float32's (``exact``) whose calibrated margin is under ``threshold``
-    rescored in float32 (``rescore_rows(rows)``: their log-scores), the prior recomputed, until no such row is left:
-    every label is then float32's under the returned prior. Returns (those scores, the prior, the rows rescored).
-    Notebook 05, section 3 (``--prior job``; a run of several processes, under their largest bound)."""
-    log_scores, exact, added = scores.log_scores.clone(), set(exact), []
+    rescored in float32 (``rescore_rows(rows)``: their log-scores), each of those read as one more calibration row
+    (one whose error exceeds the bound widens it to ``safety`` times that error), the prior recomputed, until no such
+    row is left: every label is then float32's under the returned prior. Returns (those scores, the prior, the rows
+    rescored, the bound, their largest error or None). Notebook 05, section 3 (``--prior job``; several processes)."""
+    log_scores, exact, added, errors = scores.log_scores.clone(), set(exact), [], []
     while True:
         prior = prior_of(LabelScores(scores.labels, log_scores))
         result = calibrated(LabelScores(scores.labels, log_scores, scores.info), prior)
         close = [i for i in near_ties(result, threshold) if i not in exact]
         if not close:
-            return result, prior, added
-        log_scores[close], added = rescore_rows(close), added + close
+            return result, prior, added, threshold, max(errors, default=None)
+        half, log_scores[close], added = log_scores[close].clone(), rescore_rows(close), added + close
+        finite = torch.isfinite(half).all(-1)
+        errors += change_in_gaps(half[finite], log_scores[close][finite]).tolist()
+        largest = max(errors, default=0.0)
+        threshold = safety * largest if largest > threshold else threshold
         exact.update(close)
 
 

@@ -81,9 +81,16 @@ def read_progress(output: Path, expected: dict) -> dict[int, tuple[list[float], 
             again = "pass --overwrite to start again, or rerun with the original options to resume"
             changed = _changed(was or {}, expected)
             raise ResumeMismatch(f"{output}: its progress file {path.name} belongs to another job: {changed}; {again}")
-        for row in map(json.loads, lines[1:]):
-            done[int(row["row"])] = (row["scores"], bool(row["full"]), bool(row.get("exact", True)))
+        for row in map(json.loads, lines[1:]):  # files from before "exact": an auto run's rows count as half's
+            if "row" in row:
+                done[int(row["row"])] = (row["scores"], bool(row["full"]), row.get("exact", was.get("dtype") != "auto"))
     return done
+
+
+def recorded_bound(output: Path) -> float | None:
+    """The largest rescoring bound the stopped run's processes noted (``ProgressWriter.bound``), or None."""
+    lines = [json.loads(line) for _, lines, _ in _headers(output) for line in lines[1:]]
+    return max((line["bound"] for line in lines if "bound" in line), default=None)
 
 
 def resolved(output: Path) -> str | None:
@@ -118,6 +125,11 @@ class ProgressWriter:
             line = {"row": int(row), "scores": [float(v) for v in scores], "full": full, "exact": exact}
             self.handle.write(json.dumps(line) + "\n")
         self.handle.flush()  # in the operating system's hands: a killed process loses nothing it wrote
+
+    def bound(self, value: float) -> None:
+        """The verified path's rescoring bound as it is set or widened: a resumed run keeps the largest."""
+        self.handle.write(json.dumps({"bound": value}) + "\n")
+        self.handle.flush()
 
     def close(self) -> None:
         self.handle.close()

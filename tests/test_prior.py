@@ -172,7 +172,7 @@ def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_i
         calls.append(list(rows))
         return exact[rows]
 
-    scores, prior, added = settle_job_prior(LabelScores(LABELS, half.clone()), {0, 1}, error, in_float32)
+    scores, prior, added, bound, _ = settle_job_prior(LabelScores(LABELS, half.clone()), {0, 1}, error, in_float32)
     assert added and not {0, 1} & set(added), "rows already float32's are not rescored again"
     assert sorted(row for call in calls for row in call) == sorted(added), "each rescored once, in float32"
     first = job_prior(LabelScores(LABELS, half))  # the prior before settling: some label differs from float32's

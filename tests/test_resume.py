@@ -153,6 +153,23 @@ def test_a_progress_line_holds_its_row_its_scores_whether_it_ran_in_full_and_who
     done = resume.read_progress(tmp_path / "out.csv", {"labels": ["a", "b"]})  # the resolution is not compared
     assert done == {5: ([-0.1, -2.3], False, False), 2: ([-1.4, -0.3], False, True)}
     assert resume.resolved(tmp_path / "out.csv") == "bfloat16"
+    assert resume.recorded_bound(tmp_path / "out.csv") is None
+    writer = resume.ProgressWriter(tmp_path / "out.csv", 1, expected)
+    writer.bound(0.1)
+    writer.bound(0.25)  # widened: the largest is the stopped run's bound
+    writer.close()
+    assert (
+        resume.recorded_bound(tmp_path / "out.csv") == 0.25
+        and len(resume.read_progress(tmp_path / "out.csv", expected)) == 2
+    )
+    old = resume.progress_path(tmp_path / "old.csv", 0)  # before "exact": an auto run's rows count as half-precision's
+    old.write_text(
+        json.dumps({"fingerprint": {"dtype": "auto"}})
+        + "\n"
+        + json.dumps({"row": 0, "scores": [0.0], "full": False})
+        + "\n"
+    )
+    assert resume.read_progress(tmp_path / "old.csv", {"dtype": "auto"}) == {0: ([0.0], False, False)}
 
 
 AUTO = Path(__file__).parent / "auto_driver.py"
@@ -199,7 +216,7 @@ def test_a_resumed_auto_run_keeps_the_precision_its_stopped_run_resolved(tmp_pat
     code, err = classify([str(source), "--output", str(stopped), *options], capsys)
     assert code == 0, err
     assert "--dtype auto: bfloat16, as the stopped run of this job resolved it" in err, err
-    assert "bfloat16 verified in float32" in err and "every label is float32's wherever" in err, err
+    assert "bfloat16 verified in float32" in err and "Every label is float32's provided" in err, err
     float32_labels_under_the_run_prior(tmp_path, capsys, source, options[:-2], stopped)
 
 
@@ -215,7 +232,7 @@ def test_two_processes_share_one_auto_precision_and_one_bound(tmp_path, capsys):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "matmuls only, verified" in done.stderr and "(chosen on process 0 for all 2)" in done.stderr, done.stderr
-    assert "(the largest of 2 bounds: 2 process(es)' shares)" in done.stderr and "2 process(es)" in done.stderr, (
+    assert "the largest of 2 (each process's and the end's)" in done.stderr and "2 process(es)" in done.stderr, (
         done.stderr
     )
     float32_labels_under_the_run_prior(tmp_path, capsys, source, options, output)
