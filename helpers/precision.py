@@ -46,11 +46,9 @@ def margin_error(half: LabelScores, full: LabelScores) -> float:
         )
     if not len(full):
         raise ValueError("no calibration rows: score at least one row in both dtypes")
-    change = half.log_scores.float() - full.log_scores.float()
-    if not torch.isfinite(change).all():
+    if not torch.isfinite(half.log_scores).all() or not torch.isfinite(full.log_scores).all():
         raise ValueError("non-finite scores in the calibration sample: this dtype overflows with this model")
-    # (a - c) changes by change[a] - change[c]: the largest such difference is the row's max change minus its min.
-    return float((change.amax(-1) - change.amin(-1)).max())
+    return float(change_in_gaps(half.log_scores, full.log_scores).max())
 
 
 def threshold_for(error: float, safety: float = SAFETY, floor: float = 0.0) -> float:
@@ -208,6 +206,7 @@ def change_in_gaps(half: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """Each row's largest change between two dtypes in any two labels' gap (``margin_error`` per row). Notebook 05,
     section 2."""
     change = half.float() - full.float()
+    # (a - c) changes by change[a] - change[c]: the largest such difference is the row's max change minus its min.
     return change.amax(-1) - change.amin(-1)
 
 
