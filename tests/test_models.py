@@ -171,6 +171,36 @@ def test_converted_model_gives_the_gguf_models_logits(embedded, threads):
     torch.testing.assert_close(logits, probe["logits"], rtol=0, atol=float_tolerance(probe["logits"]))
 
 
+def test_the_converted_folder_is_a_plain_checkpoint_an_engine_reads_by_tensor_name(embedded):
+    """An engine (vLLM) loads every *.safetensors beside config.json, by tensor name, ignoring transformers' tie
+    metadata, and ties lm_head to model.embed_tokens.weight itself: the folder holds the embeddings under that name and
+    nothing else named *.safetensors (the probe sits in a subfolder). Read that way, by hand, it gives the GGUF
+    model's logits; the old layout (lm_head.weight alone) gave an engine zeros and a uniform -10.80 everywhere."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = convert_embedded()
+    assert [path.name for path in folder.glob("*.safetensors")] == ["model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    with safe_open(folder / "model.safetensors", "pt") as stored:
+        assert set((stored.metadata() or {}).values()) <= {"pt"}, "no tie recorded only in metadata"
+    tensors = load_file(folder / "model.safetensors")
+    assert "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    model.apply(lambda module: [torch.nn.init.zeros_(p) for p in module.parameters(recurse=False)])
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.lm_head.weight = torch.nn.Parameter(tensors["model.embed_tokens.weight"])  # the engine's tie, by name
+    probe = load_file(folder / models.PROBE)
+    with torch.inference_mode():
+        logits = model.eval()(probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], rtol=0, atol=float_tolerance(probe["logits"]))
+
+
 def test_threads_count_physical_cores_not_smt_siblings(monkeypatch, tmp_path):
     # Four CPUs on two cores (each with its hyper-thread sibling), and a process allowed on three of them.
     for cpu, siblings in enumerate(["0-1", "0-1", "2-3", "2-3"]):

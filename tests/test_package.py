@@ -25,11 +25,17 @@ def test_every_module_is_readable_at_a_sitting_and_named_in_the_package_page(mod
 
 
 def test_the_package_stays_small_enough_to_hold():
-    """All of helpers/*.py at most 4,450 lines: a reader can hold the package the lessons open. (4,000 until issue 61
-    added one precision per run, saved priors, the process steps in one module and the verified path's evidence.)"""
+    """All of helpers/*.py at most 4,500 lines: a reader can hold the package the lessons open. (4,000 until issue 61
+    added one precision per run, saved priors, the process steps in one module and the verified path's evidence;
+    4,450 until issue 62's engine hand-over in classify and the plain checkpoint.)
+    The engine hand-over (helpers/engine*.py: classify --engine, docs/scale.md) is counted apart: no lesson opens it
+    but 04's Going deeper, and it stays at most 500 lines."""
+    engine = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "helpers").glob("engine*.py")}
+    assert sum(engine.values()) <= 500, f"helpers/engine*.py is {sum(engine.values())} lines: {engine}"
     lines = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "helpers").glob("*.py")}
+    lines = {name: n for name, n in lines.items() if name not in engine}
     largest = ", ".join(f"{name} {n}" for name, n in sorted(lines.items(), key=lambda item: -item[1])[:3])
-    assert sum(lines.values()) <= 4450, f"helpers/*.py is {sum(lines.values())} lines (largest: {largest})"
+    assert sum(lines.values()) <= 4500, f"helpers/*.py is {sum(lines.values())} lines (largest: {largest})"
 
 
 @pytest.mark.parametrize("module", TEACHING)

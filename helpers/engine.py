@@ -1,0 +1,304 @@
+"""Hand a job to a serving engine (vLLM): ``classify --engine vllm``. The engine runs in its own environment
+(``make engine``: ``.venv-engine``, since vLLM pins its own torch and transformers), in a process of its own
+(``helpers/engine_worker.py``); this side hands it the package's own prompts as token ids and the ``LabelScorer``'s
+label tokens as a tree, and checks it on a golden set of the job's rows before the job runs. docs/scale.md says when
+it pays. No lesson builds it: 04's *Going deeper* names which lesson each engine feature replaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checks import agreement, assert_agrees, tolerance_for
+from .data import encode_prompts
+from .scoring import LabelScores
+from .tables import InputError
+
+ENGINES = ("vllm",)
+ENGINE_VENV = ".venv-engine"
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+GOLDEN_ROWS = 32  # the golden set: rows spread over the job's token lengths, scored by both before the job runs
+CHUNK_ROWS = 64  # rows per request to the engine: each chunk lands in the progress files as it returns
+CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU build takes most of the free memory for its cache otherwise (and a minute)
+WORKER = Path(__file__).with_name("engine_worker.py")
+
+
+class EngineError(InputError):
+    """The engine is missing, broken, cannot load the model, or disagrees with the package: one line naming the fix."""
+
+
+def engine_python(engine: str = "vllm") -> Path:
+    """The engine environment's Python: ``SLM_ENGINE_PYTHON``, else ``.venv-engine`` in the course folder (beside
+    ``helpers/``) or the working folder, found without the user activating it."""
+    if engine not in ENGINES:
+        raise EngineError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if explicit := os.environ.get("SLM_ENGINE_PYTHON"):
+        if not Path(explicit).is_file():
+            raise EngineError(f"SLM_ENGINE_PYTHON={explicit}: no such file; point it at a Python with {engine}")
+        return Path(explicit)
+    course = Path(__file__).resolve().parent.parent
+    for folder in dict.fromkeys([course, Path.cwd()]):
+        for python in (folder / ENGINE_VENV / "bin" / "python", folder / ENGINE_VENV / "Scripts" / "python.exe"):
+            if python.is_file():
+                return python
+    raise EngineError(
+        f"--engine {engine}: no engine environment ({ENGINE_VENV} in {course}): run `make engine` there "
+        f"(or set SLM_ENGINE_PYTHON to a Python with {engine} installed)"
+    )
+
+
+def label_branches(token_ids: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
+    """The labels' tokens as a tree: each distinct context (a label's tokens so far) with the tokens that may follow
+    it. One engine request per branch and ticket scores every label: billing=[b, illing], technical=[technical]
+    gives ([], [b, technical]) and ([b], [illing])."""
+    branches: dict[tuple[int, ...], list[int]] = {}
+    for ids in token_ids:
+        for k, token in enumerate(ids):
+            following = branches.setdefault(tuple(ids[:k]), [])
+            if token not in following:
+                following.append(token)
+    return [(list(context), tokens) for context, tokens in branches.items()]
+
+
+def label_log_scores(token_ids, branches, answers, normalize: bool = False) -> torch.Tensor:
+    """Each label's log-score from the engine's per-branch log-probs: the sum over its tokens, as ``LabelScorer``
+    scores it (per token where ``normalize``). ``answers``: per prompt, per branch, one log-prob per branch token."""
+    where = {tuple(context): (b, tokens) for b, (context, tokens) in enumerate(branches)}
+    scores = torch.zeros(len(answers), len(token_ids), dtype=torch.float64)
+    for j, ids in enumerate(token_ids):
+        for k, token in enumerate(ids):
+            b, tokens = where[tuple(ids[:k])]
+            scores[:, j] += torch.tensor([row[b][tokens.index(token)] for row in answers], dtype=torch.float64)
+        if normalize:
+            scores[:, j] /= len(ids)
+    return scores.float()
+
+
+class Engine:
+    """The engine in its own process, started at once and waited for at ``ready()`` (the package loads its model
+    meanwhile): ``log_scores(prompt_ids)`` gives every label's log-score per prompt. Its messages go to ``log``.
+    ``eager``: no compilation (vLLM's ``enforce_eager``): compiled ran within noise of it on the article's tickets on a
+    2-core EPYC and started in 66 s against 20 (benchmarks/engine.py; docs/scale.md)."""
+
+    def __init__(
+        self, folder, scorer, *, engine="vllm", dtype="float32", device="cpu", max_len=None, eager=True, **more
+    ):  # noqa: E501
+        if dtype not in ENGINE_DTYPES:
+            why = "runs one dtype, checked by its golden set: give --dtype float32 (the default) or bfloat16"
+            raise EngineError(f"--engine {engine} {why}, not {dtype}")
+        self.name, self.dtype, self.folder, self.scorer = engine, dtype, str(folder), scorer
+        self.branches, self.version, self.seconds = label_branches(scorer.token_ids), None, None
+        self.python = python = engine_python(engine)
+        self.log = Path(tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")[1])
+        setup = dict(model=self.folder, dtype=dtype, branches=self.branches, max_len=max_len, eager=eager)
+        setup.update(device=device, kv_cache_bytes=CPU_KV_CACHE_BYTES if device == "cpu" else None)
+        setup.update(labels=[list(ids) for ids in scorer.token_ids], **more)  # more: method="prompt_logprobs"
+        env = dict(os.environ, PYTHONNOUSERSITE="1", TQDM_DISABLE="1")
+        env.pop("PYTHONPATH", None)  # the main environment's packages would shadow the engine's pinned ones
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(  # noqa: S603 - the engine environment's own Python, our own script
+                [str(python), str(WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+            )
+        self._closer = weakref.finalize(self, _stop, self.process)
+        self._send(setup)
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the process ended: _receive says why
+
+    def _receive(self, doing: str) -> dict:
+        line = self.process.stdout.readline()
+        answer = json.loads(line) if line.strip() else {"error": f"the engine process ended ({self._last_log_line()})"}
+        if "error" in answer:
+            self.close()
+            if answer.get("stage") == "import":
+                rebuild = f"rebuild it: rm -rf {ENGINE_VENV} && make engine"
+                raise EngineError(
+                    f"--engine {self.name}: {self.python} cannot import it ({answer['error']}); {rebuild}"
+                )
+            raise EngineError(f"--engine {self.name} {doing}: {answer['error']} (its log: {self.log})")
+        return answer
+
+    def _last_log_line(self) -> str:
+        lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1][:300] if lines else f"exit code {self.process.poll()}"
+
+    def ready(self) -> Engine:
+        """Wait for the engine to load the model; a failure is one line, with the engine's log named."""
+        if self.version is None:
+            answer = self._receive(f"could not load {self.folder}")["ready"]
+            self.version, self.seconds = answer["version"], answer["seconds"]
+        return self
+
+    def log_scores(self, prompt_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Every label's log-score for each prompt (token ids), in the prompts' order: [prompts, labels]."""
+        self.ready()
+        self._send({"prompts": [list(map(int, ids)) for ids in prompt_ids]})
+        answer = self._receive("failed while scoring")
+        if "label_logprobs" in answer:  # method="prompt_logprobs" sums each label's tokens itself
+            return torch.tensor(answer["label_logprobs"]) / (self.scorer.lengths if self.scorer.normalize else 1)
+        answers = answer["logprobs"]
+        return label_log_scores(self.scorer.token_ids, self.branches, answers, self.scorer.normalize)
+
+    def describe(self) -> str:
+        return f"{self.name} {self.version} · {self.dtype} · prefix caching on"
+
+    def close(self) -> None:
+        self._closer()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.stdin.close()  # the worker's loop ends at end of input
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def golden_check(engine: Engine, reference, prompt_ids, rows: Sequence[int]) -> dict:
+    """The engine against the package's float32 scores on ``rows`` (the golden set): identical labels and log-probs
+    within the engine dtype's tolerance (``tolerance_for``), else one line that stops the run before it starts.
+    ``reference(rows)``: the package's float32 log-scores of those rows."""
+    expected = LabelScores(engine.scorer.labels, reference(rows))
+    found = LabelScores(engine.scorer.labels, engine.log_scores([prompt_ids[i] for i in rows]))
+    tolerance = tolerance_for(engine.dtype)
+    try:
+        stats = assert_agrees(expected, found, tolerance, item_names=[f"row {i + 1}" for i in rows])
+    except AssertionError as error:
+        first = str(error).strip().splitlines()[0]
+        why = f"the golden set ({len(rows)} of the job's rows spread over their lengths) disagrees with the package"
+        fix = "check the model folder loads whole into the engine (docs/scale.md), or run without --engine"
+        raise EngineError(f"--engine {engine.name}: {why} in float32: {first}; nothing was written: {fix}") from None
+    return dict(stats, rows=[i + 1 for i in rows], atol=tolerance.atol)
+
+
+def engine_folder(name: str | None) -> str:
+    """The folder (or hub id) the engine loads for ``load_model``'s ``name``: the embedded model's converted checkpoint,
+    a twin's saved random weights, a local path, or the hub cache's snapshot."""
+    from .models import EMBEDDED, TWINS, _from_cache_only, convert_embedded, resolve_name, twin_folder
+
+    resolved, _ = resolve_name(name)
+    if resolved == EMBEDDED:
+        return str(convert_embedded())
+    if resolved in TWINS:
+        return str(twin_folder(resolved))
+    if Path(resolved).exists():
+        return str(Path(resolved).resolve())
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(resolved, local_files_only=_from_cache_only(resolved))
+
+
+def start_engine(options, scorer, group) -> Engine:
+    """``classify --engine``: the engine process started on the model's folder, before the package loads its model
+    (``options``: classify's ``Options``; ``group``: its ``Processes``). One process only, on a CPU or a CUDA GPU."""
+    engine_python(options.engine)  # a missing environment is one line before anything loads
+    if group.count > 1:
+        why = "it batches and spreads the work itself (vLLM's data parallelism beyond one machine: docs/scale.md)"
+        raise EngineError(f"--engine {options.engine} runs from one process, not {group.count}: {why}")
+    if group.device.type not in ("cpu", "cuda"):
+        raise EngineError(f"--engine {options.engine} runs on a CPU or a CUDA GPU, not {group.device.type}")
+    folder, dtype = engine_folder(options.model_name), options.dtype or "float32"
+    return Engine(folder, scorer, engine=options.engine, dtype=dtype, device=group.device.type)
+
+
+def check_golden_set(engine: Engine, tokenizer, prompts, reference, tell=print) -> Engine:
+    """``golden_check`` on ``GOLDEN_ROWS`` of the job's prompts spread over their token lengths, said in one line;
+    returns the engine, checked. ``reference(rows)``: the package's float32 log-scores of those rows."""
+    from .precision import calibration_rows
+
+    ids, rows = encode_prompts(tokenizer, prompts), calibration_rows(tokenizer, prompts, GOLDEN_ROWS)
+    stats = golden_check(engine, reference, ids, rows)
+    agree = f"the same labels as the package in float32, log-probs within {stats['max_abs_diff']:.1e}"
+    tell(f"--engine {engine.describe()}: started in {engine.seconds:.0f} s; golden set of {len(rows)} rows: {agree}")
+    return engine
+
+
+@dataclass
+class Race:
+    """``race``'s outcome: each contender's ``Timing`` (its results the ``LabelScores``), or why it did not run."""
+
+    timings: dict = field(default_factory=dict)
+    engine: str = ""
+    started: float = 0.0
+    why_not: str | None = None
+
+    def lines(self) -> list[str]:
+        """The race said: each rate with its rounds, the verdict by the series' rule, the labels compared."""
+        if self.why_not:
+            return [f"no race here: {self.why_not}"]
+        ours, theirs = self.timings.values()
+        n, same = len(ours.results[0]), agreement(ours.results[0], theirs.results[0])
+        said = [f"{self.engine}: started in {self.started:.0f} s"]
+        for timing in self.timings.values():
+            rounds = ", ".join(f"{n / seconds:.2f}" for seconds in sorted(timing.seconds))
+            said.append(f"{timing.name}: {n / timing.median:.2f} items/s on {n} tickets (rounds {rounds})")
+        agree = f"{round(same['agreement'] * n)} of {n} the package's float32, max |Δ log p| {same['max_abs_diff']:.1e}"
+        return [*said, theirs.verdict(ours), f"labels: {agree}"]
+
+
+def race(model, tokenizer, prompts, labels, examples, model_name=None, rounds: int = 4, batch_size: int = 16) -> Race:
+    """The package's float32 path (sorted batches of ``batch_size`` on the prefix cache) against the engine on
+    ``prompts`` (built with ``labels`` and ``examples``; ``model_name``: as ``load_model``'s), a warm-up each, then
+    ``rounds`` alternating rounds (``timing.compare``); the engine's start-up timed apart. Where there is no engine
+    environment, or the engine cannot run the model, the ``Race`` says why. Notebook 04, Going deeper
+    (benchmarks/engine.py races more contenders)."""
+    from .precision import run_plan
+    from .prefix_cache import PrefixCache
+    from .scoring import LabelScorer
+    from .timing import compare
+
+    scorer, ids = LabelScorer(tokenizer, labels), encode_prompts(tokenizer, prompts)
+    plan = dict(strategy="sorted", batch_size=batch_size)
+    plan["prefix"] = PrefixCache.for_prompts(model, tokenizer, labels=labels, examples=examples)
+    try:
+        with Engine(engine_folder(model_name), scorer, device=model.device.type) as engine:
+            engine.ready()
+            calls = {
+                f"package (float32, sorted {batch_size}, prefix cache)": lambda: run_plan(
+                    model, tokenizer, scorer, prompts, plan
+                ),
+                f"{engine.name} (float32)": lambda: LabelScores(labels, engine.log_scores(ids)),
+            }
+            timings = compare(calls, device=model.device, repeats=rounds, warmup=1)
+            return Race(timings, engine.describe(), engine.seconds)
+    except EngineError as error:
+        return Race(why_not=str(error))
+
+
+def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land) -> None:
+    """Score ``rows`` with the engine, ``CHUNK_ROWS`` at a time, ``land(rows, log_scores)`` as each returns."""
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = list(rows[start : start + CHUNK_ROWS])
+        land(chunk, engine.log_scores([prompt_ids[i] for i in chunk]))
+
+
+if __name__ == "__main__":  # python -m helpers.engine: where the engine environment is, or why there is none
+    try:
+        print(engine_python())
+    except EngineError as error:
+        sys.exit(str(error))

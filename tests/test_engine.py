@@ -1,0 +1,179 @@
+"""Handing a job to an engine (helpers.engine): the labels as a tree of engine requests, the golden-set check, every
+bad input one line with nothing written; and, where the engine's environment exists (``make engine``; .ci/run builds
+it and sets SLM_REQUIRE_ENGINE=1 so that these fail rather than skip), vLLM itself: the package's float32 labels on
+every row, and a folder that loads into it as zeros stopped before the job runs."""
+
+import json
+import os
+import shutil
+import sys
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import engine as engines
+from helpers.__main__ import main
+from helpers.data import LABELS, make_tickets
+from helpers.engine import EngineError, golden_check, label_branches, label_log_scores
+from helpers.scoring import LabelScorer
+
+LABEL_ARGS = ["--labels", ",".join(LABELS)]
+
+
+def has_engine() -> bool:
+    try:
+        engines.engine_python()
+    except EngineError:
+        if os.environ.get("SLM_REQUIRE_ENGINE") == "1":
+            pytest.fail("SLM_REQUIRE_ENGINE=1 but no engine environment: run make engine")
+        return False
+    return True
+
+
+needs_engine = pytest.mark.skipif("not has_engine()", reason="no engine environment (make engine)")
+
+
+def run(args, capsys):
+    code = main(args)
+    return code, capsys.readouterr().err.strip()
+
+
+def test_the_labels_become_one_request_per_branch_of_their_token_tree():
+    # SmolLM2's labels: billing is two tokens, the others one; whole answers share a prefix two ways
+    assert label_branches([[82, 3422], [34138], [12016]]) == [([], [82, 34138, 12016]), ([82], [3422])]
+    assert label_branches([[1, 2, 9], [1, 3, 9], [4, 9]]) == [
+        ([], [1, 4]), ([1], [2, 3]), ([1, 2], [9]), ([1, 3], [9]), ([4], [9])
+    ]  # fmt: skip
+
+
+def test_each_labels_score_sums_its_tokens_log_probs_read_from_its_branches():
+    token_ids = [[1, 2], [1, 3], [4]]
+    branches = label_branches(token_ids)  # ([], [1, 4]), ([1], [2, 3])
+    answers = [[[-1.0, -2.0], [-0.5, -0.25]], [[-3.0, -0.1], [-2.0, -4.0]]]  # per prompt, branch, token
+    expected = torch.tensor([[-1.5, -1.25, -2.0], [-5.0, -7.0, -0.1]])
+    torch.testing.assert_close(label_log_scores(token_ids, branches, answers), expected)
+    per_token = label_log_scores(token_ids, branches, answers, normalize=True)
+    torch.testing.assert_close(per_token, expected / torch.tensor([2.0, 2.0, 1.0]))
+
+
+def fake_engine(embedded, scores):
+    """An engine stand-in that answers with ``scores`` (golden_check reads only these attributes)."""
+    _, tokenizer, _ = embedded
+    scorer = LabelScorer(tokenizer, LABELS)
+    return SimpleNamespace(name="vllm", dtype="float32", scorer=scorer, log_scores=lambda ids: scores[: len(ids)])
+
+
+def test_the_golden_set_passes_the_same_scores_and_stops_a_flipped_label_or_a_far_log_prob(embedded):
+    reference = torch.tensor([[-1.0, -2.0, -3.0], [-3.0, -1.0, -2.0], [-2.0, -3.0, -1.0]])
+    ids = [[1], [2], [3]]
+    stats = golden_check(fake_engine(embedded, reference + 1e-5), lambda rows: reference[rows], ids, [0, 1, 2])
+    assert stats["agreement"] == 1.0 and stats["rows"] == [1, 2, 3]
+    flipped = reference.clone()
+    flipped[1] = torch.tensor([-1.0, -3.0, -2.0])
+    with pytest.raises(EngineError, match=r"golden set .* row 2.*nothing was written") as error:
+        golden_check(fake_engine(embedded, flipped), lambda rows: reference[rows], ids, [0, 1, 2])
+    assert "\n" not in str(error.value)
+    uniform = torch.full_like(reference, -10.8)  # the zero-embedding folder: every label log(1/49152)
+    with pytest.raises(EngineError, match="golden set"):
+        golden_check(fake_engine(embedded, uniform), lambda rows: reference[rows], ids, [0, 1, 2])
+    far = reference.clone()
+    far[2, 0] -= 0.01  # the same labels, one log-prob 10x float32's tolerance away
+    with pytest.raises(EngineError, match="golden set"):
+        golden_check(fake_engine(embedded, far), lambda rows: reference[rows], ids, [0, 1, 2])
+
+
+@pytest.fixture()
+def small_csv(tmp_path):
+    path = tmp_path / "tickets.csv"
+    make_tickets(12, seed=3, style="varied")[["text", "label"]].to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "sglang"], "unknown engine 'sglang': use one of vllm"),
+        (["--engine", "vllm", "--dtype", "auto"], "runs one dtype, checked by its golden set"),
+    ],
+)
+def test_a_wrong_engine_option_is_one_line_and_writes_nothing(small_csv, tmp_path, capsys, monkeypatch, extra, message):
+    if "auto" in extra:  # the dtype is checked once the engine environment is found: a stand-in Python will do
+        monkeypatch.setenv("SLM_ENGINE_PYTHON", sys.executable)
+    out = tmp_path / "out.csv"
+    code, err = run(["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), *extra, "--quiet"], capsys)
+    assert code == 2 and message in err.splitlines()[-1] and "Traceback" not in err, err
+    assert not out.exists() and not list(tmp_path.glob("out.csv.*"))
+
+
+def test_a_missing_engine_environment_names_the_command_that_builds_it(small_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SLM_ENGINE_PYTHON", str(tmp_path / "nowhere" / "python"))
+    out = tmp_path / "out.csv"
+    code, err = run(["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm"], capsys)
+    assert code == 2 and err.splitlines()[-1].startswith("error: SLM_ENGINE_PYTHON=") and "no such file" in err
+    monkeypatch.delenv("SLM_ENGINE_PYTHON")
+    monkeypatch.setattr(engines, "ENGINE_VENV", ".venv-engine-that-is-not-there")
+    code, err = run(["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm"], capsys)
+    assert code == 2 and "run `make engine`" in err.splitlines()[-1], err
+    assert not out.exists()
+
+
+def test_a_broken_engine_environment_is_one_line_naming_the_rebuild(small_csv, tmp_path, capsys, monkeypatch):
+    """The main environment's Python has no vLLM: the worker starts, fails to import it, and says so in one line."""
+    monkeypatch.setenv("SLM_ENGINE_PYTHON", sys.executable)
+    out = tmp_path / "out.csv"
+    code, err = run(["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm"], capsys)
+    last = err.splitlines()[-1]
+    assert code == 2 and "cannot import it (ModuleNotFoundError" in last and "make engine" in last, err
+    assert not out.exists() and not list(tmp_path.glob("out.csv.*"))
+
+
+@needs_engine
+def test_the_engine_gives_the_packages_float32_label_on_every_row(tmp_path, capsys, few_shot):
+    """vLLM on the embedded model's folder, 3 shots, the varied tickets (billing is two tokens: two branches per
+    ticket): every row's label and probabilities the package's, resumable columns and --verify as without it."""
+    source = tmp_path / "tickets.csv"
+    make_tickets(40, seed=5, style="varied")[["text", "label"]].to_csv(source, index=False)
+    examples = tmp_path / "examples.csv"
+    pd.DataFrame(few_shot, columns=["text", "label"]).to_csv(examples, index=False)
+    common = ["classify", str(source), *LABEL_ARGS, "--examples", str(examples), "--quiet"]
+    code, err = run([*common, "--output", str(tmp_path / "engine.csv"), "--engine", "vllm", "--verify", "4"], capsys)
+    assert code == 0, err
+    assert "golden set of 32 rows: the same labels as the package in float32" in err
+    assert "verified 4 random rows against the one-at-a-time reference: all agree" in err
+    assert "scored by vllm" in err
+    code, err = run([*common, "--output", str(tmp_path / "package.csv")], capsys)
+    assert code == 0, err
+    by_engine, by_package = pd.read_csv(tmp_path / "engine.csv"), pd.read_csv(tmp_path / "package.csv")
+    assert list(by_engine.columns) == list(by_package.columns)
+    assert by_engine["predicted_label"].tolist() == by_package["predicted_label"].tolist()
+    raw = [column for column in by_engine.columns if column.startswith("raw_p_")]
+    assert (by_engine[raw] - by_package[raw]).abs().to_numpy().max() < 1e-3
+
+
+@needs_engine
+def test_a_folder_that_loads_into_the_engine_as_zeros_is_stopped_before_the_job(embedded, tmp_path, capsys):
+    """The conversion's old layout: the tied weights stored once as lm_head.weight, the embeddings named only in the
+    file's metadata. transformers reads it whole; vLLM ties lm_head to model.embed_tokens.weight, finds none and
+    scores every label log(1/49152) without a word. The golden set stops it, in one line, with nothing written."""
+    from safetensors.torch import save_model
+
+    from helpers.models import convert_embedded
+
+    model, _, _ = embedded
+    folder = tmp_path / "old-layout"
+    folder.mkdir()
+    for name in os.listdir(convert_embedded()):
+        if not name.endswith(".safetensors") and name != "checks":
+            shutil.copy(convert_embedded() / name, folder / name)
+    save_model(model, str(folder / "model.safetensors"))  # as the conversion saved it before
+    assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is True
+    source = tmp_path / "tickets.csv"
+    make_tickets(12, seed=3, style="varied")[["text", "label"]].to_csv(source, index=False)
+    out = tmp_path / "out.csv"
+    args = ["classify", str(source), *LABEL_ARGS, "--output", str(out), "--model", str(folder), "--engine", "vllm"]
+    code, err = run(args, capsys)
+    last = err.splitlines()[-1]
+    assert code == 2 and "golden set" in last and "disagrees with the package" in last, err
+    assert not out.exists() and not list(tmp_path.glob("out.csv.*"))
