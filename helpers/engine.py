@@ -27,6 +27,7 @@ ENGINES = ("vllm",)
 ENGINE_VENV = ".venv-engine"
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 GOLDEN_ROWS = 32  # the golden set: rows spread over the job's token lengths, scored by both before the job runs
+RACE_BATCH = 16  # race's batches: classify's size
 CHUNK_ROWS = 64  # rows per request to the engine: each chunk lands in the progress files as it returns
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU build takes most of the free memory for its cache otherwise (and a minute)
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -91,12 +92,12 @@ class Engine:
 
     def __init__(
         self, folder, scorer, *, engine="vllm", dtype="float32", device="cpu", max_len=None, eager=True, **more
-    ):  # noqa: E501
+    ):
         if dtype not in ENGINE_DTYPES:
-            why = "runs one dtype, checked by its golden set: give --dtype float32 (the default) or bfloat16"
+            why = "runs one dtype, checked by its golden set: give --dtype float32 (the default), bfloat16 or float16"
             raise EngineError(f"--engine {engine} {why}, not {dtype}")
         self.name, self.dtype, self.folder, self.scorer = engine, dtype, str(folder), scorer
-        self.branches, self.version, self.seconds = label_branches(scorer.token_ids), None, None
+        self.branches, self.version, self.seconds, self.failed = label_branches(scorer.token_ids), None, None, False
         self.python = python = engine_python(engine)
         self.log = Path(tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")[1])
         setup = dict(model=self.folder, dtype=dtype, branches=self.branches, max_len=max_len, eager=eager)
@@ -127,6 +128,7 @@ class Engine:
         line = self.process.stdout.readline()
         answer = json.loads(line) if line.strip() else {"error": f"the engine process ended ({self._last_log_line()})"}
         if "error" in answer:
+            self.failed = True  # its log stays, named in the message
             self.close()
             if answer.get("stage") == "import":
                 rebuild = f"rebuild it: rm -rf {ENGINE_VENV} && make engine"
@@ -161,7 +163,10 @@ class Engine:
         return f"{self.name} {self.version} · {self.dtype} · prefix caching on"
 
     def close(self) -> None:
+        """Stop the engine's process; its log is removed unless something failed."""
         self._closer()
+        if not self.failed:
+            self.log.unlink(missing_ok=True)
 
     def __enter__(self) -> Engine:
         return self
@@ -240,52 +245,86 @@ def check_golden_set(engine: Engine, tokenizer, prompts, reference, tell=print) 
 
 @dataclass
 class Race:
-    """``race``'s outcome: each contender's ``Timing`` (its results the ``LabelScores``), or why it did not run."""
+    """``race``'s outcome: each contender's ``Timing`` (seconds: its estimate for all the prompts; results: scores
+    by prompt), the tickets timed, or why it did not run."""
 
     timings: dict = field(default_factory=dict)
     engine: str = ""
     started: float = 0.0
+    tickets: tuple[int, int] = (0, 0)  # (timed, all)
     why_not: str | None = None
+    labels: list = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The race said: each rate with its rounds, the verdict by the series' rule, the labels compared."""
         if self.why_not:
             return [f"no race here: {self.why_not}"]
-        ours, theirs = self.timings.values()
-        n, same = len(ours.results[0]), agreement(ours.results[0], theirs.results[0])
-        said = [f"{self.engine}: started in {self.started:.0f} s"]
+        (timed, n), (ours, theirs) = self.tickets, self.timings.values()
+        rows = sorted(ours.results[0])
+        same = agreement(
+            *(LabelScores(self.labels, torch.stack([t.results[0][i] for i in rows])) for t in (ours, theirs))
+        )
+        said = [f"{self.engine}: started in {self.started:.0f} s; {timed} of the {n} tickets timed, scaled to all {n}"]
         for timing in self.timings.values():
             rounds = ", ".join(f"{n / seconds:.2f}" for seconds in sorted(timing.seconds))
-            said.append(f"{timing.name}: {n / timing.median:.2f} items/s on {n} tickets (rounds {rounds})")
-        agree = f"{round(same['agreement'] * n)} of {n} the package's float32, max |Δ log p| {same['max_abs_diff']:.1e}"
+            said.append(f"{timing.name}: {n / timing.median:.2f} items/s (rounds {rounds})")
+        agree = f"{round(same['agreement'] * timed)} of {timed} the package's float32"
+        agree += f", max |Δ log p| {same['max_abs_diff']:.1e}"
         return [*said, theirs.verdict(ours), f"labels: {agree}"]
 
 
-def race(model, tokenizer, prompts, labels, examples, model_name=None, rounds: int = 4, batch_size: int = 16) -> Race:
-    """The package's float32 path (sorted batches of ``batch_size`` on the prefix cache) against the engine on
-    ``prompts`` (built with ``labels`` and ``examples``; ``model_name``: as ``load_model``'s), a warm-up each, then
-    ``rounds`` alternating rounds (``timing.compare``); the engine's start-up timed apart. Where there is no engine
-    environment, or the engine cannot run the model, the ``Race`` says why. Notebook 04, Going deeper
-    (benchmarks/engine.py races more contenders)."""
+def race(model, tokenizer, prompts, labels, examples, model_name=None, every: int = 12, rounds: int = 4) -> Race:
+    """The package's float32 path (sorted batches of ``BATCH`` on the prefix cache) against the engine, on a sample
+    of ``prompts`` (built with ``labels`` and ``examples``; ``model_name``: as ``load_model``'s) scaled to all of them
+    by notebook 03's rule: the package times the middle batch of every ``every`` of the length-sorted prompts, each
+    weighted by the batches it stands for (``helpers.bench.sample_blocks``: its padding is the full run's); the
+    engine, which pads nothing, scores the same tickets at once, scaled by their share of the tokens. A warm-up each,
+    ``rounds`` alternating rounds; the engine's start-up timed apart. Where there is no engine environment, or the
+    engine cannot run the model, the ``Race`` says why. Notebook 04, Going deeper (benchmarks/engine.py times all)."""
+    from .bench import sample_blocks
     from .precision import run_plan
     from .prefix_cache import PrefixCache
     from .scoring import LabelScorer
-    from .timing import compare
+    from .timing import Stopwatch, Timing
 
     scorer, ids = LabelScorer(tokenizer, labels), encode_prompts(tokenizer, prompts)
-    plan = dict(strategy="sorted", batch_size=batch_size)
+    lengths = [len(row) for row in ids]
+    blocks, strata = sample_blocks(lengths, RACE_BATCH, every)
+    weights, timed = [len(s) / len(b) for b, s in zip(blocks, strata)], [i for block in blocks for i in block]
+    tokens_share = sum(lengths) / sum(lengths[i] for i in timed)
+    plan = dict(strategy="sorted", batch_size=RACE_BATCH)
     plan["prefix"] = PrefixCache.for_prompts(model, tokenizer, labels=labels, examples=examples)
+
+    def package():  # batch by batch, each the full run's own batch
+        seconds, found = 0.0, {}
+        for block, weight in zip(blocks, weights):
+            with Stopwatch(model.device) as clock:
+                scores = run_plan(model, tokenizer, scorer, [prompts[i] for i in block], plan).log_scores
+            seconds, found = seconds + weight * clock.seconds, {**found, **dict(zip(block, scores))}
+        return seconds, found
+
     try:
         with Engine(engine_folder(model_name), scorer, device=model.device.type) as engine:
             engine.ready()
+
+            def by_engine():  # the sampled tickets at once: the engine batches them itself
+                with Stopwatch(model.device) as clock:
+                    scores = engine.log_scores([ids[i] for i in timed])
+                return clock.seconds * tokens_share, dict(zip(timed, scores))
+
             calls = {
-                f"package (float32, sorted {batch_size}, prefix cache)": lambda: run_plan(
-                    model, tokenizer, scorer, prompts, plan
-                ),
-                f"{engine.name} (float32)": lambda: LabelScores(labels, engine.log_scores(ids)),
+                f"package (float32, sorted {RACE_BATCH}, prefix cache)": package,
+                f"{engine.name} (float32)": by_engine,
             }
-            timings = compare(calls, device=model.device, repeats=rounds, warmup=1)
-            return Race(timings, engine.describe(), engine.seconds)
+            timings = {name: Timing(name, []) for name in calls}
+            for call in calls.values():
+                call()  # the warm-up
+            for repeat in range(rounds):  # alternating, as timing.compare
+                for name in list(calls) if repeat % 2 == 0 else list(calls)[::-1]:
+                    seconds, found = calls[name]()
+                    timings[name].seconds.append(seconds)
+                    timings[name].results.append(found)
+            return Race(timings, engine.describe(), engine.seconds, (len(timed), len(prompts)), labels=list(labels))
     except EngineError as error:
         return Race(why_not=str(error))
 

@@ -49,7 +49,8 @@ def _settle_cpu() -> None:
     """On a CPU, vLLM binds one core per process and keeps one for itself by default: on a 2-core laptop, half the
     machine. The job gets every core this process may use (a user's own settings stand), in this one process."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 

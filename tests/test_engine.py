@@ -15,8 +15,8 @@ import torch
 
 from helpers import engine as engines
 from helpers.__main__ import main
-from helpers.data import LABELS, make_tickets
-from helpers.engine import EngineError, golden_check, label_branches, label_log_scores
+from helpers.data import LABELS, build_prompt, make_tickets
+from helpers.engine import EngineError, golden_check, label_branches, label_log_scores, race
 from helpers.scoring import LabelScorer
 
 LABEL_ARGS = ["--labels", ",".join(LABELS)]
@@ -177,3 +177,23 @@ def test_a_folder_that_loads_into_the_engine_as_zeros_is_stopped_before_the_job(
     last = err.splitlines()[-1]
     assert code == 2 and "golden set" in last and "disagrees with the package" in last, err
     assert not out.exists() and not list(tmp_path.glob("out.csv.*"))
+
+
+def test_the_lessons_race_says_why_it_did_not_run(embedded, monkeypatch, few_shot):
+    model, tokenizer, _ = embedded
+    monkeypatch.setenv("SLM_ENGINE_PYTHON", "/nowhere/python")
+    raced = race(model, tokenizer, ["a", "b"], LABELS, few_shot, model_name="embedded")
+    assert raced.why_not and raced.lines() == [f"no race here: {raced.why_not}"] and "no such file" in raced.why_not
+
+
+@needs_engine
+def test_the_lessons_race_times_a_sample_scaled_to_the_whole_and_compares_its_labels(embedded, few_shot):
+    """04's Going deeper: 64 tickets in 4 sorted batches of 16, every 4th batch timed (the middle one), scaled to 64."""
+    model, tokenizer, _ = embedded
+    prompts = [build_prompt(tokenizer, text, LABELS, few_shot) for text in make_tickets(64, style="article")["text"]]
+    raced = race(model, tokenizer, prompts, LABELS, few_shot, model_name="embedded", every=4, rounds=1)
+    assert raced.why_not is None and raced.tickets == (16, 64)
+    lines = raced.lines()
+    assert lines[0].startswith("vllm 0.32.0 · float32 · prefix caching on: started in") and "16 of the 64" in lines[0]
+    assert lines[-1].startswith("labels: 16 of 16 the package's float32"), lines
+    assert all(len(timing.seconds) == 1 and timing.seconds[0] > 0 for timing in raced.timings.values())
