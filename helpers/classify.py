@@ -406,6 +406,8 @@ def _fingerprint(job: Job, scorer, options: Options, prior: str, device) -> dict
     if options.engine:  # an engine's float32 sums in another order than the package's: its rows are its own
         scoring["engine"] = options.engine
     dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
+    if options.engine:  # the dtype the engine runs, whatever the device's default
+        dtype = options.dtype or "float32"
     fields = options.text_column, job.labels, model, dtype, job.examples, prompt_format, scoring
     return resume.fingerprint(job.table.path, *fields)
 

@@ -6,6 +6,7 @@ it pays. No lesson builds it: 04's *Going deeper* names which lesson each engine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ GOLDEN_ROWS = 32  # the golden set: rows spread over the job's token lengths, sc
 RACE_BATCH = 16  # race's batches: classify's size
 CHUNK_ROWS = 64  # rows per request to the engine: each chunk lands in the progress files as it returns
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU build takes most of the free memory for its cache otherwise (and a minute)
+GPU_SHARE = 0.5  # of a GPU's memory for the engine: the package's float32 model (golden set, --verify) shares it
 WORKER = Path(__file__).with_name("engine_worker.py")
 
 
@@ -55,6 +57,12 @@ def engine_python(engine: str = "vllm") -> Path:
         f"--engine {engine}: no engine environment ({ENGINE_VENV} in {course}): run `make engine` there "
         f"(or set SLM_ENGINE_PYTHON to a Python with {engine} installed)"
     )
+
+
+def check_dtype(engine: str, dtype: str) -> None:
+    if dtype not in ENGINE_DTYPES:
+        why = "runs one dtype, checked by its golden set: give --dtype float32 (the default), bfloat16 or float16"
+        raise EngineError(f"--engine {engine} {why}, not {dtype}")
 
 
 def label_branches(token_ids: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
@@ -93,15 +101,16 @@ class Engine:
     def __init__(
         self, folder, scorer, *, engine="vllm", dtype="float32", device="cpu", max_len=None, eager=True, **more
     ):
-        if dtype not in ENGINE_DTYPES:
-            why = "runs one dtype, checked by its golden set: give --dtype float32 (the default), bfloat16 or float16"
-            raise EngineError(f"--engine {engine} {why}, not {dtype}")
+        check_dtype(engine, dtype)
         self.name, self.dtype, self.folder, self.scorer = engine, dtype, str(folder), scorer
         self.branches, self.version, self.seconds, self.failed = label_branches(scorer.token_ids), None, None, False
         self.python = python = engine_python(engine)
-        self.log = Path(tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")[1])
+        handle, name = tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")
+        os.close(handle)
+        self.log = Path(name)
         setup = dict(model=self.folder, dtype=dtype, branches=self.branches, max_len=max_len, eager=eager)
         setup.update(device=device, kv_cache_bytes=CPU_KV_CACHE_BYTES if device == "cpu" else None)
+        setup.update(gpu_memory_utilization=GPU_SHARE if device == "cuda" else None)
         setup.update(labels=[list(ids) for ids in scorer.token_ids], **more)  # more: method="prompt_logprobs"
         env = dict(os.environ, PYTHONNOUSERSITE="1", TQDM_DISABLE="1")
         env.pop("PYTHONPATH", None)  # the main environment's packages would shadow the engine's pinned ones
@@ -128,7 +137,7 @@ class Engine:
         line = self.process.stdout.readline()
         answer = json.loads(line) if line.strip() else {"error": f"the engine process ended ({self._last_log_line()})"}
         if "error" in answer:
-            self.failed = True  # its log stays, named in the message
+            self.failed = answer.get("stage") != "import"  # its log stays, named in the message
             self.close()
             if answer.get("stage") == "import":
                 rebuild = f"rebuild it: rm -rf {ENGINE_VENV} && make engine"
@@ -176,12 +185,14 @@ class Engine:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
+    with contextlib.suppress(OSError):
         process.stdin.close()  # the worker's loop ends at end of input
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    process.stdout.close()
 
 
 def golden_check(engine: Engine, reference, prompt_ids, rows: Sequence[int]) -> dict:
@@ -215,13 +226,15 @@ def engine_folder(name: str | None) -> str:
         return str(Path(resolved).resolve())
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(resolved, local_files_only=_from_cache_only(resolved))
+    weights_and_text = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]  # not .bin, .onnx, ... copies
+    return snapshot_download(resolved, local_files_only=_from_cache_only(resolved), allow_patterns=weights_and_text)
 
 
 def start_engine(options, scorer, group) -> Engine:
     """``classify --engine``: the engine process started on the model's folder, before the package loads its model
     (``options``: classify's ``Options``; ``group``: its ``Processes``). One process only, on a CPU or a CUDA GPU."""
     engine_python(options.engine)  # a missing environment is one line before anything loads
+    check_dtype(options.engine, options.dtype or "float32")  # before the model's folder is converted or downloaded
     if group.count > 1:
         why = "it batches and spreads the work itself (vLLM's data parallelism beyond one machine: docs/scale.md)"
         raise EngineError(f"--engine {options.engine} runs from one process, not {group.count}: {why}")
@@ -239,6 +252,8 @@ def check_golden_set(engine: Engine, tokenizer, prompts, reference, tell=print) 
     ids, rows = encode_prompts(tokenizer, prompts), calibration_rows(tokenizer, prompts, GOLDEN_ROWS)
     stats = golden_check(engine, reference, ids, rows)
     agree = f"the same labels as the package in float32, log-probs within {stats['max_abs_diff']:.1e}"
+    if stats["near_ties"]:  # a half dtype's tolerance lets a near tie order either way
+        agree += f" ({stats['near_ties']} near tie(s) within {stats['atol']:g} ordered the other way)"
     tell(f"--engine {engine.describe()}: started in {engine.seconds:.0f} s; golden set of {len(rows)} rows: {agree}")
     return engine
 
@@ -304,6 +319,7 @@ def race(model, tokenizer, prompts, labels, examples, model_name=None, every: in
         return seconds, found
 
     try:
+        engine_python()  # before the model's folder is converted or downloaded
         with Engine(engine_folder(model_name), scorer, device=model.device.type) as engine:
             engine.ready()
 
@@ -325,8 +341,8 @@ def race(model, tokenizer, prompts, labels, examples, model_name=None, every: in
                     timings[name].seconds.append(seconds)
                     timings[name].results.append(found)
             return Race(timings, engine.describe(), engine.seconds, (len(timed), len(prompts)), labels=list(labels))
-    except EngineError as error:
-        return Race(why_not=str(error))
+    except (EngineError, OSError) as error:  # OSError: the engine's Python cannot start, a folder cannot be read
+        return Race(why_not=str(error).splitlines()[0])
 
 
 def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land) -> None:

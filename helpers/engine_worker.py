@@ -71,13 +71,16 @@ def _start(setup: dict):
     )
     if setup.get("max_len"):  # else the model's own context length
         options["max_model_len"] = setup["max_len"]
+    if setup.get("gpu_memory_utilization"):  # the package's own model shares the GPU
+        options["gpu_memory_utilization"] = setup["gpu_memory_utilization"]
     if setup.get("kv_cache_bytes"):
         options["kv_cache_memory_bytes"] = setup["kv_cache_bytes"]
     llm = LLM(**options)
     if setup.get("method") == "prompt_logprobs":
         return llm, SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    # logprobs left unset: vLLM counts the requested tokens itself (a count above max_logprobs, 20, is refused)
     params = [
-        SamplingParams(max_tokens=1, temperature=0.0, logprobs=len(tokens), logprob_token_ids=tokens, detokenize=False)
+        SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=tokens, detokenize=False)
         for _, tokens in setup["branches"]
     ]
     return llm, params

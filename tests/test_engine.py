@@ -5,6 +5,7 @@ every row, and a folder that loads into it as zeros stopped before the job runs.
 
 import json
 import os
+import re
 import shutil
 import sys
 from types import SimpleNamespace
@@ -59,17 +60,18 @@ def test_each_labels_score_sums_its_tokens_log_probs_read_from_its_branches():
 
 
 def fake_engine(embedded, scores):
-    """An engine stand-in that answers with ``scores`` (golden_check reads only these attributes)."""
+    """An engine stand-in that answers each prompt (its one token id: the row) with its row of ``scores``."""
     _, tokenizer, _ = embedded
     scorer = LabelScorer(tokenizer, LABELS)
-    return SimpleNamespace(name="vllm", dtype="float32", scorer=scorer, log_scores=lambda ids: scores[: len(ids)])
+    answer = lambda ids: scores[[row[0] for row in ids]]  # noqa: E731
+    return SimpleNamespace(name="vllm", dtype="float32", scorer=scorer, log_scores=answer)
 
 
 def test_the_golden_set_passes_the_same_scores_and_stops_a_flipped_label_or_a_far_log_prob(embedded):
     reference = torch.tensor([[-1.0, -2.0, -3.0], [-3.0, -1.0, -2.0], [-2.0, -3.0, -1.0]])
-    ids = [[1], [2], [3]]
-    stats = golden_check(fake_engine(embedded, reference + 1e-5), lambda rows: reference[rows], ids, [0, 1, 2])
-    assert stats["agreement"] == 1.0 and stats["rows"] == [1, 2, 3]
+    ids = [[0], [1], [2]]
+    stats = golden_check(fake_engine(embedded, reference + 1e-5), lambda rows: reference[rows], ids, [2, 0])
+    assert stats["agreement"] == 1.0 and stats["rows"] == [3, 1]  # each row's scores in its own slot
     flipped = reference.clone()
     flipped[1] = torch.tensor([-1.0, -3.0, -2.0])
     with pytest.raises(EngineError, match=r"golden set .* row 2.*nothing was written") as error:
@@ -194,6 +196,26 @@ def test_the_lessons_race_times_a_sample_scaled_to_the_whole_and_compares_its_la
     raced = race(model, tokenizer, prompts, LABELS, few_shot, model_name="embedded", every=4, rounds=1)
     assert raced.why_not is None and raced.tickets == (16, 64)
     lines = raced.lines()
-    assert lines[0].startswith("vllm 0.32.0 · float32 · prefix caching on: started in") and "16 of the 64" in lines[0]
+    assert re.match(r"vllm \S+ · float32 · prefix caching on: started in", lines[0]) and "16 of the 64" in lines[0]
     assert lines[-1].startswith("labels: 16 of 16 the package's float32"), lines
     assert all(len(timing.seconds) == 1 and timing.seconds[0] > 0 for timing in raced.timings.values())
+
+
+@needs_engine
+def test_more_than_twenty_labels_are_scored_as_the_package_scores_them(embedded):
+    """vLLM refuses a ``logprobs`` count above its max_logprobs (20): the requests name their tokens alone."""
+    from helpers.engine import Engine, engine_folder
+    from helpers.precision import run_plan
+    from helpers.scoring import LabelScores
+
+    model, tokenizer, _ = embedded
+    labels = "billing technical account refund login password invoice shipping delivery order payment card bank"
+    labels = (labels + " upgrade cancel subscription crash error bug feature privacy security").split()
+    scorer = LabelScorer(tokenizer, labels)
+    assert len(label_branches(scorer.token_ids)[0][1]) > 20
+    prompts = [build_prompt(tokenizer, text, labels) for text in make_tickets(4, style="varied")["text"]]
+    with Engine(engine_folder("embedded"), scorer) as engine:
+        found = engine.log_scores([tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts])
+    expected = run_plan(model, tokenizer, scorer, prompts, dict(strategy="loop"))
+    assert LabelScores(labels, found).predictions == expected.predictions
+    torch.testing.assert_close(found, expected.log_scores, rtol=0, atol=1e-3)
