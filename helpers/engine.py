@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import weakref
 from collections.abc import Sequence
@@ -115,23 +114,15 @@ class Engine:
         env = dict(os.environ, PYTHONNOUSERSITE="1", TQDM_DISABLE="1")
         env.pop("PYTHONPATH", None)  # the main environment's packages would shadow the engine's pinned ones
         with self.log.open("w") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - the engine environment's own Python, our own script
-                [str(python), str(WORKER)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=env,
-            )
+            pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+            self.process = subprocess.Popen([str(python), str(WORKER)], **pipes)  # noqa: S603 - our own script
         self._closer = weakref.finalize(self, _stop, self.process)
         self._send(setup)
 
     def _send(self, message: dict) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the process ended: _receive says why
             self.process.stdin.write(json.dumps(message) + "\n")
             self.process.stdin.flush()
-        except BrokenPipeError:
-            pass  # the process ended: _receive says why
 
     def _receive(self, doing: str) -> dict:
         line = self.process.stdout.readline()
@@ -350,10 +341,3 @@ def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land) -> None
     for start in range(0, len(rows), CHUNK_ROWS):
         chunk = list(rows[start : start + CHUNK_ROWS])
         land(chunk, engine.log_scores([prompt_ids[i] for i in chunk]))
-
-
-if __name__ == "__main__":  # python -m helpers.engine: where the engine environment is, or why there is none
-    try:
-        print(engine_python())
-    except EngineError as error:
-        sys.exit(str(error))
