@@ -295,6 +295,25 @@ def test_the_reference_run_shows_the_current_code(notebook):
     )
 
 
+def test_the_reference_run_is_one_run_lessons_and_solutions_on_one_machine_within_a_day():
+    """Lessons and solutions are read side by side: their numbers compare only when one machine ran them all, within
+    a day (a solution that says the lesson scored 90 tickets, or ran 3x faster, came from another run)."""
+    import datetime
+
+    from course.reference_run import copy_of
+
+    stamps = {}
+    for notebook in NOTEBOOKS + SOLUTIONS:
+        first = "".join(json.loads(copy_of(notebook, REFERENCE_RUN).read_text())["cells"][0]["source"])
+        found = re.search(r"not your results:\*\* (.+), (\d{4}-\d{2}-\d{2}), \d+ s", first)
+        assert found, f"{notebook.name}: its reference copy names no machine and day at the top"
+        stamps[notebook.name] = found.group(1), datetime.date.fromisoformat(found.group(2))
+    machines = {machine for machine, _ in stamps.values()}
+    assert len(machines) == 1, f"the reference run names {len(machines)} machines: run `make reference` once"
+    days = sorted(day for _, day in stamps.values())
+    assert (days[-1] - days[0]).days <= 1, f"the reference run spans {days[0]} to {days[-1]}: run `make reference`"
+
+
 PRINTED_WORDS = 900  # what a lesson of the reference run may print, progress bars aside
 
 
