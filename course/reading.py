@@ -13,6 +13,8 @@ workshop were measured about 15 % slower than the rule: a floor, not a ceiling.
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import json
 import re
 from pathlib import Path
@@ -48,6 +50,43 @@ def reading(path: Path) -> dict:
             printed += len(text.split())
     minutes = prose / 150 + printed / 200 + code / 10
     return dict(minutes=round(minutes, 1), prose=prose, printed=printed, code=code, hidden=hidden)
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """The names a cell defines (assigned, imported, def/class, arguments) and those it reads."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))  # magics
+    defined, used = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (defined if isinstance(node.ctx, ast.Store) else used).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+    return defined, used
+
+
+def out_of_sight(path: Path) -> dict[int, list[str]]:
+    """Names a reader sees used but never sees defined: for each visible code cell of the core path (by index), the
+    names it reads that only collapsed cells define or import. Empty when every name in sight is defined in sight."""
+    seen, hidden_only, found = set(), set(), {}
+    for index, cell in enumerate(json.loads(Path(path).read_text())["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and re.match(r"#+\s*(summary|going deeper)", source, re.I):
+            break
+        if cell["cell_type"] != "code":
+            continue
+        defined, used = _names(source)
+        if is_hidden(cell):
+            hidden_only |= defined - seen
+            continue
+        leaks = sorted(n for n in used - defined - seen if n in hidden_only and not hasattr(builtins, n))
+        if leaks:
+            found[index] = leaks
+        seen |= defined
+    return found
 
 
 def lessons(folder: Path) -> dict[str, dict]:

@@ -39,13 +39,19 @@ def copy_of(source: Path, folder: Path, root: Path = ROOT) -> Path:
 
 
 def machine_line() -> str:
+    """The machine, by what tells machines apart: a CPU's brand is shared by machines of several speeds, its matmul
+    GFLOP/s per dtype (notebook 00's profile of the embedded model, cached: measured here once if missing) are not."""
     import torch
     import transformers
 
-    from helpers.models import cpu_threads, machine_name, pick_device
+    from helpers.models import cpu_threads, load_model, machine_name, pick_device
+    from helpers.profile import machine_profile
 
+    model, _, info = load_model(PARAMETERS["MODEL"], dtype="float32", verbose=False)
+    gflops = machine_profile(model, info, verbose=False).matmul_gflops
+    matmul = "matmul " + ", ".join(f"{dtype} {rate:.0f}" for dtype, rate in gflops.items()) + " GFLOP/s"
     versions = f"torch {torch.__version__} · transformers {transformers.__version__}"
-    return f"{machine_name(pick_device())}, {cpu_threads()} thread(s), {platform.system()} · {versions}"
+    return f"{machine_name(pick_device())}, {cpu_threads()} thread(s), {matmul}, {platform.system()} · {versions}"
 
 
 def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:

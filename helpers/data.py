@@ -9,6 +9,19 @@ import numpy as np
 import pandas as pd
 
 LABELS: tuple[str, ...] = ("billing", "technical", "account")
+# The no-model baseline a classifier must beat (notebooks 01 and 05): the label whose everyday words a ticket mentions
+# most, ties to the first listed. Written from the labels, not tuned on the tickets.
+KEYWORDS = {
+    "billing": ["charge", "invoice", "refund", "payment", "price", "paid", "fee", "bill", "receipt"],
+    "technical": ["app", "error", "crash", "page", "load", "fail", "sync", "bug", "freez", "slow"],
+    "account": ["account", "email", "password", "user", "profile", "login", "delete", "name", "sign"],
+}
+
+
+def keyword_label(text: str) -> str:
+    """The keyword rules' label for ``text`` (``KEYWORDS``). Notebook 01, section 4."""
+    return max(KEYWORDS, key=lambda label: sum(word in text.lower() for word in KEYWORDS[label]))
+
 
 SYSTEM_PROMPT = "You classify customer support tickets. Answer with exactly one of these categories: {labels}."
 # Optional label descriptions for the instruction: they help a small model and lengthen the static prefix.

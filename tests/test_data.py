@@ -84,3 +84,13 @@ def test_article_prompt_lengths_match_the_reference(embedded):
     lengths = [len(encode_prompt(tokenizer, build_prompt(tokenizer, t))) for t in make_tickets(600)["text"]]
     assert 45 <= min(lengths) <= 60 and 90 <= np.median(lengths) <= 106 and 440 <= max(lengths) <= 475
     assert ticket_word_counts(600).max() == 400
+
+
+def test_the_keyword_rules_pick_the_label_whose_words_a_ticket_mentions_most_ties_to_the_first():
+    from helpers.data import KEYWORDS, keyword_label
+
+    assert keyword_label("Please refund the duplicate charge on my invoice") == "billing"
+    assert keyword_label("The app shows an error and the page will not load") == "technical"
+    assert keyword_label("I cannot login: reset the password of my account") == "account"
+    assert keyword_label("Hello there") == next(iter(KEYWORDS))  # no word of any label: the first listed
+    assert set(KEYWORDS) == set(LABELS)

@@ -358,3 +358,26 @@ def test_teaching_md_gives_each_lesson_the_reading_time_of_the_rule():
     # The room plan: lessons 00-04, the break, the exercises and the wrap-up fit three hours (05 is past them)
     room = re.findall(r"^\| (0[0-4] [^|]*|break|exercises|wrap-up) \|[^|]*\| (\d+) min \|", teaching, re.M)
     assert len(room) == 8 and sum(int(minutes) for _, minutes in room) <= 180, room
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_name_a_visible_cell_uses_is_defined_in_sight(notebook):
+    """A reader edits the visible cells: each name they use is defined or imported in a visible cell of the core path,
+    never only in a collapsed one (read by syntax tree, course.reading.out_of_sight)."""
+    from course.reading import out_of_sight
+
+    leaks = out_of_sight(notebook)
+    assert not leaks, f"{notebook.name}: visible cells use names defined only in collapsed cells (cell: names): {leaks}"
+
+
+def test_lesson_05_shows_what_rounding_flips_where_no_half_dtype_runs_fast(tmp_path, kernel):
+    """Which labels rounding flips is numerics, not speed: where no half dtype is chosen (DTYPES float32 alone, as the
+    profile leaves it on a CPU without fast bfloat16), 05 still rounds a handful of tickets, draws its margins
+    figure, verifies, and skips only the race, saying why and what it would cost."""
+    notebook = NOTEBOOK_DIR / "05_precision.ipynb"
+    declared = papermill.inspect_notebook(str(notebook))
+    executed = run_small(notebook, declared, tmp_path, extra={"MODEL": TWIN, "DTYPES": ["float32"]}, kernel=kernel)
+    printed = "\n".join(printed_lines(executed))
+    assert "none runs fast here, so sections 2-3 round" in printed, printed[:2000]
+    assert "no race:" in printed and "would take about" in printed, printed[-2000:]
+    assert "verified: margin error" in printed and (tmp_path / "out" / "precision_margins.png").is_file()

@@ -48,7 +48,7 @@ def test_the_batched_curve_says_what_batching_can_gain_and_where_it_flattens():
     assert profile.batched_tokens_per_s(64) == pytest.approx(profile.batched_tokens_per_s(32)), (
         "flat past the last point"
     )
-    assert "batched rows of 96 tokens: 1 rows" in profile.summary() and "batched rows of 96 tokens" in profile.caption()
+    assert "batched rows of 96 tokens: 1 rows" in profile.summary() and "rows of 96 tokens batched" in profile.caption()
 
 
 def test_a_half_dtype_below_half_of_float32_is_not_worth_running():
