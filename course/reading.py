@@ -69,16 +69,14 @@ def _names(source: str) -> tuple[set[str], set[str]]:
 
 
 def out_of_sight(path: Path) -> dict[int, list[str]]:
-    """Names a reader sees used but never sees defined: for each visible code cell of the core path (by index), the
-    names it reads that only collapsed cells define or import. Empty when every name in sight is defined in sight."""
+    """Names a reader sees used but never sees defined: for each visible code cell (by index; *Going deeper*'s too),
+    the names it reads that only collapsed cells define or import; empty when every name in sight is defined in sight.
+    """
     seen, hidden_only, found = set(), set(), {}
     for index, cell in enumerate(json.loads(Path(path).read_text())["cells"]):
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and re.match(r"#+\s*(summary|going deeper)", source, re.I):
-            break
         if cell["cell_type"] != "code":
             continue
-        defined, used = _names(source)
+        defined, used = _names("".join(cell["source"]))
         if is_hidden(cell):
             hidden_only |= defined - seen
             continue

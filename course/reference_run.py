@@ -49,7 +49,8 @@ def machine_line() -> str:
 
     model, _, info = load_model(PARAMETERS["MODEL"], dtype="float32", verbose=False)
     gflops = machine_profile(model, info, verbose=False).matmul_gflops
-    matmul = "matmul " + ", ".join(f"{dtype} {rate:.0f}" for dtype, rate in gflops.items()) + " GFLOP/s"
+    rates = ", ".join(f"{dtype} {rate:.0f}" for dtype, rate in gflops.items())
+    matmul = f"matmul GFLOP/s (notebook 00, section 2): {rates}"
     versions = f"torch {torch.__version__} · transformers {transformers.__version__}"
     return f"{machine_name(pick_device())}, {cpu_threads()} thread(s), {matmul}, {platform.system()} · {versions}"
 

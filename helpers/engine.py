@@ -113,6 +113,7 @@ class Engine:
         setup.update(labels=[list(ids) for ids in scorer.token_ids], **more)  # more: method="prompt_logprobs"
         env = dict(os.environ, PYTHONNOUSERSITE="1", TQDM_DISABLE="1")
         env.pop("PYTHONPATH", None)  # the main environment's packages would shadow the engine's pinned ones
+        env.pop("ATEN_CPU_CAPABILITY", None)  # the package's kernel choice; vLLM's compiled ones fail under "default"
         with self.log.open("w") as log:
             pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             self.process = subprocess.Popen([str(python), str(WORKER)], **pipes)  # noqa: S603 - our own script

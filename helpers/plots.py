@@ -313,9 +313,9 @@ def plot_margins(panels, info, path="precision_margins.png"):
         # a little room left of 0: a tie's marker shows whole
         ax.set(xlim=(-right * 0.02, right), ylim=(0, top), xlabel="top-two margin (log-prob)")
         rescored = int((margins < threshold).sum())
-        worst = f", the widest at {margins[flipped].max():.2f}" if flipped.any() else ""
-        title = f"{variant}: {int(flipped.sum())} of {len(margins)} flipped{worst}; threshold {threshold:.2f} rescores"
-        set_title(ax, f"{title} {rescored}", width=4.8)
+        worst = f", the largest margin flipped {margins[flipped].max():.2f}" if flipped.any() else ""
+        title = f"{variant}: {int(flipped.sum())} of {len(margins)} flipped{worst}; threshold {threshold:.2f}, under it"
+        set_title(ax, f"{title} {rescored} of {len(margins)}", width=4.8)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("margin error: largest change in\na difference of two labels' scores")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))

@@ -198,11 +198,11 @@ class MachineProfile:
         matmul = f"float32 matmul {self.matmul_gflops['float32']:.0f} GFLOP/s"
         # Two peaks, named apart: one long sequence's (its tokens attend to each other) and short rows' batched
         prefill = f"one sequence's prefill peak {self.peak_tokens_per_s:.0f} tokens/s at {self.peak_tokens} tokens"
+        prefill += f" (90 % of it from {self.saturation_tokens})" if self.saturation_tokens < self.peak_tokens else ""
         top = max((rate for _, rate in self.batched), default=0)
         rows = f"rows of {self.batch_row_tokens} tokens batched: up to {top:.0f} tokens/s, 90 % of it from "
-        rows += f"{self.batch_knee} rows"
         where = f"{self.machine}, {threads_text(self.threads)}"
-        return f"{where} · {matmul} · {prefill} (90 % of it from {self.saturation_tokens}) · {rows}"
+        return f"{where} · {matmul} · {prefill} · {rows}{self.batch_knee} rows"
 
     def summary(self) -> str:
         base = self.matmul_gflops["float32"]

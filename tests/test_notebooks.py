@@ -345,25 +345,41 @@ def test_no_lesson_of_the_reference_run_prints_more_than_a_reader_can_follow(not
     )
 
 
-def test_teaching_md_gives_each_lesson_the_reading_time_of_the_rule():
-    """TEACHING.md's reading column is the rule's (course.reading) on the reference run, rounded to a minute."""
+def test_teaching_md_plans_each_lesson_at_its_stated_pace_and_fits_three_hours():
+    """TEACHING.md's plan is the rule's: its reading column is course.reading on the reference run, rounded to a
+    minute; each lesson's room time is at least its reading at the pace the page states, plus its cells' run time (the
+    reference run's wall time, rounded up to a minute) and its Your turns; 00-04, the break, the exercises and the
+    wrap-up fit 180 minutes."""
+    import math
+
     from course.reading import lessons
 
     teaching = (NOTEBOOK_DIR.parent / "TEACHING.md").read_text()
+    pace = re.search(r"plans for (\d+(?:\.\d+)?)x the rule", teaching)
+    assert pace, "TEACHING.md states no reading pace ('plans for N.Nx the rule')"
+    walls = dict(re.findall(r"^\| \[(\d\d)_[^|]*\| (\d+) s \|", (REFERENCE_RUN / "README.md").read_text(), re.M))
+    room = 0
     for number, counts in lessons(REFERENCE_RUN).items():
-        row = re.search(rf"^\| {number} [^|]*\| ~(\d+) min \|", teaching, re.M)
-        assert row, f"TEACHING.md has no reading time for lesson {number}"
-        said = int(row.group(1))
+        row = re.search(rf"^\| {number} [^|]*\| ~(\d+) min \| (\d+) min \| (\d+) min \| (\d+) min \|", teaching, re.M)
+        assert row, f"TEACHING.md has no plan row for lesson {number} (reading, running, your turns, in the room)"
+        said, running, turns, minutes = map(int, row.groups())
         assert said == max(1, round(counts["minutes"])), f"{number}: TEACHING.md says ~{said} min, the rule {counts}"
-    # The room plan: lessons 00-04, the break, the exercises and the wrap-up fit three hours (05 is past them)
-    room = re.findall(r"^\| (0[0-4] [^|]*|break|exercises|wrap-up) \|[^|]*\| (\d+) min \|", teaching, re.M)
-    assert len(room) == 8 and sum(int(minutes) for _, minutes in room) <= 180, room
+        assert running >= math.ceil(int(walls[number]) / 60), f"{number}: its cells run {walls[number]} s"
+        cells = markdown(next(NOTEBOOK_DIR.glob(f"{number}_*.ipynb")))
+        core = cells[: next(i for i, cell in enumerate(cells) if cell.startswith("## Summary"))]
+        assert turns >= 2 * sum(cell.startswith("**Your turn ") for cell in core), f"{number}: 2 min a Your turn"
+        least = math.ceil(float(pace.group(1)) * counts["minutes"] + running + turns)
+        assert minutes >= least, f"{number}: {minutes} min in the room, under {least} at the stated pace"
+        room += minutes if number <= "04" else 0
+    others = re.findall(r"^\| (break|exercises|wrap-up) \|[^|]*\|[^|]*\|[^|]*\| (\d+) min \|", teaching, re.M)
+    assert len(others) == 3, others
+    assert room + sum(int(minutes) for _, minutes in others) <= 180, (room, others)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_every_name_a_visible_cell_uses_is_defined_in_sight(notebook):
-    """A reader edits the visible cells: each name they use is defined or imported in a visible cell of the core path,
-    never only in a collapsed one (read by syntax tree, course.reading.out_of_sight)."""
+    """A reader edits the visible cells: each name they use is defined or imported in a visible cell before it (core
+    path and Going deeper), never only in a collapsed one (read by syntax tree, course.reading.out_of_sight)."""
     from course.reading import out_of_sight
 
     leaks = out_of_sight(notebook)

@@ -306,7 +306,7 @@ def test_the_margins_figure_puts_every_variant_side_by_side_on_one_linear_scale(
     x, y = line.get_data()
     assert np.allclose(x, y), "the diagonal is y = x"
     assert first.get_xlim()[0] < 0, "room left of a margin of 0, so a tie's marker shows whole"
-    assert "2 of 4 flipped" in title_of(fig) and "threshold 0.30 rescores 3" in title_of(fig), title_of(fig)
+    assert "2 of 4 flipped" in title_of(fig) and "threshold 0.30, under it 3 of 4" in title_of(fig), title_of(fig)
     with pytest.raises(ValueError, match="one margin, error and flip per ticket"):
         plot_margins([("x", [0.1], [0.1, 0.2], [False], 0.1)], INFO, tmp_path / "bad.png")
     plt.close("all")
