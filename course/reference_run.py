@@ -60,8 +60,8 @@ def stamp(path: Path, machine: str, seconds: float, source: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     link = os.path.relpath(source, path.parent)
     text = (
-        f"> **Reference run, not your results:** {machine}, {datetime.date.today().isoformat()}, {seconds:.0f} s "
-        f'(`make reference`: the embedded model, `SCALE="default"`). Run [the source notebook]({link}) for yours.'
+        f"> **Reference run, not your results:** {machine}, {datetime.date.today().isoformat()}, {seconds:.0f} s to "
+        f'run (`make reference`: the embedded model, `SCALE="default"`). Run [the source notebook]({link}) for yours.'
     )
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(text))
     for cell in notebook.cells:  # papermill's parameters cell is the run's bookkeeping: collapsed, as the setup cell

@@ -199,14 +199,15 @@ def plot_saturation(profile, median: int, rows: int = 32, path="prefill_saturati
     about = f" (the median prompt: {median})" if median != width else ""
     ax.axhline(alone, color="C1", lw=1, ls="--", label=f"one {width}-token row per call{about}: {alone:.0f}/s")
     knee = profile.batch_knee
-    ax.axvline(knee, color="0.5", lw=1, ls=":", label=f"90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
+    knee_text = f"90 % of the batched peak from {knee} row{'s' if knee > 1 else ''}"
+    ax.axvline(knee, color="0.5", lw=1, ls=":", label=knee_text)
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(c) for c in counts])
     ax.set(ylim=(0, max(*batched, alone) * 1.15), xlabel="rows per forward call (batch size)")
     ax.set_ylabel("prefill throughput (tokens / s)")
     beyond = " (beyond the measured rows: flat)" if rows > counts[-1] else ""
     title = f"Prefill tokens/s by rows per call: {rows} rows run {profile.batching_gain(rows):.2f}x the tokens/s of "
-    set_title(ax, title + f"one {width}-token row{beyond}, 90 % of the peak from {knee} row{'s' if knee > 1 else ''}")
+    set_title(ax, title + f"one {width}-token row{beyond}, {knee_text}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig, finish(fig, f"{profile.model} · {profile.dtype} · {profile.caption()}", path)
