@@ -104,7 +104,8 @@ def add_classify_parser(commands) -> None:
     add("--examples", dest="examples_path", metavar="EXAMPLES", default=None, help=examples)
     verify = "re-run K random rows one at a time and fail on any disagreement"
     add("--verify", type=int, default=0, metavar="K", help=verify)
-    prior = "the label prior divided out of every row's probabilities: the job's own mean (needs the whole job), "
+    prior = "the label prior divided out of every row's probabilities: the job's own mean (of rows spread over its "
+    prior += "lengths, scored first in float32), "
     prior += "content-free inputs scored through the prompt, fitted to the file's own 'label' column (labelled: a "
     prior += f"sample of your queue, to save), or none (default: {PRIOR} from {JOB_PRIOR_MIN_ROWS} rows, content-free "
     prior += "below; docs/classify.md)"

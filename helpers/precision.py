@@ -380,9 +380,13 @@ def choose_half(profile) -> tuple[str | None, str]:
     return None, f"float32 (half precision is not {FAST_ENOUGH}x faster here: matmul {halves or 'not measured'})"
 
 
-def closing_lines(runs: list, rescored: int, rows: int, dtype: str, processes: int) -> list[str]:
-    """What a verified run proved, what it rests on (where the bound came from, the rows checked against it) and where
-    its time went, from its processes' run records. No lesson builds it: ``classify --dtype auto``'s closing lines."""
+def closing_lines(runs: list, rescored: int, rows: int, dtype: str, processes: int, prior=None) -> list[str]:
+    """What a verified run proved, what it rests on (where the bound came from, the rows checked against it, the
+    ``prior`` divided out) and where its time went, from its processes' run records. No lesson builds it:
+    ``classify --dtype auto``'s closing lines."""
+    same = f"under the same prior ({prior.source})" if prior is not None else "with no prior"
+    if not runs:  # every row was scored in float32 (a job no larger than its prior's sample)
+        return [f"--dtype auto: every one of the {rows} rows was scored in float32: every label is float32's, {same}"]
     bound, head = max(run["threshold"] for run in runs), f"--dtype auto: {rescored} of {rows} rows rescored in float32"
     if bound == float("inf"):
         overflowed = (
@@ -408,8 +412,8 @@ def closing_lines(runs: list, rescored: int, rows: int, dtype: str, processes: i
     )
     return [
         f"{head}: those whose top two labels were closer than {bound:.3g}, or not finite",
-        f"--dtype auto, the bound: {origin}{several}.{evidence} Every label is float32's provided rounding moved no "
-        f"row's gap by more than {bound:.3g}",
+        f"--dtype auto, the bound: {origin}{several}.{evidence} Every label is the one --dtype float32 gives, {same}, "
+        f"provided rounding moved no row's gap by more than {bound:.3g}",
         _time_line(runs, processes),
     ]
 

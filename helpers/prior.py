@@ -7,8 +7,9 @@ calibration", Zhou et al. 2023) subtracts one log-prob per label from every row:
 every speed path's agreement with the loop, stay as they were; only which label is on top can move.
 
 ``content_free_prior`` scores inputs that say nothing ("N/A", "", a placeholder) through the job's prompt, autocast off
-(three extra rows); ``job_prior`` averages the job's own probabilities after the last row (a resumed or data-parallel
-run reads the same scores, so gets the same prior): both aim at balanced accuracy, the rule for a uniform class prior.
+(three extra rows); ``job_prior`` averages the job's own probabilities (``classify`` averages a sample of its rows
+spread over their lengths, scored in float32 before the others, so that a float32, a ``--dtype auto``, a resumed and a
+data-parallel run divide out the same prior): both aim at balanced accuracy, the rule for a uniform class prior.
 ``sample_prior`` fits a labelled sample, so a queue that is 70 % one label keeps that mix (accuracy's rule);
 ``save_prior``/``load_prior`` carry a prior to later jobs (a row's label then no longer depends on the rest of its
 file). benchmarks/priors_imbalanced.py's table in docs/classify.md measures them."""
@@ -76,7 +77,7 @@ def content_free_prior(model, tokenizer, scorer, examples=(), descriptions=None,
     prompts = [build_prompt(tokenizer, text, scorer.labels, examples, descriptions) for text in texts]
     with torch.autocast(model.device.type, enabled=False):
         scores = score_batched(model, tokenizer, scorer, prompts, "loop", progress=False)
-    return mean_prior(scores, f"content-free, {len(texts)} inputs")
+    return mean_prior(scores, f"content-free, {len(texts)} inputs, in {str(model.dtype).removeprefix('torch.')}")
 
 
 def calibrated(scores: LabelScores, prior: Prior | None) -> LabelScores:

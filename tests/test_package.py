@@ -1,4 +1,4 @@
-"""The package follows the lessons: modules readable at a sitting, each named in its page, each teaching function
+"""The package follows the lessons: each module named in its page, each teaching function
 naming the lesson section that builds it, lesson 01 free of the benchmarking and sizing machinery."""
 
 import ast
@@ -14,29 +14,12 @@ TEACHING = ["generation", "scoring", "checks", "prior", "prefix_cache", "batchin
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda path: path.stem)
-def test_every_module_is_readable_at_a_sitting_and_named_in_the_package_page(module):
-    lines = len(module.read_text().splitlines())
-    # 520: ruff format puts one argument per line once a call passes 120 characters; the aim stays about 400 for a
-    # module read at a sitting
-    assert lines <= 520, f"helpers/{module.name} is {lines} lines: split it by concern"
+def test_every_module_is_named_in_the_package_page(module):
+    """No line count: caps made the code pack statements to fit them. Ruff's complexity rules (pyproject.toml) keep
+    each function readable, and a module's page row says what it holds."""
     assert f"`helpers.{module.stem}`" in (ROOT / "docs" / "package.md").read_text(), (
         f"helpers.{module.stem} is missing from docs/package.md's table of modules"
     )
-
-
-def test_the_package_stays_small_enough_to_hold():
-    """All of helpers/*.py at most 4,510 lines: a reader can hold the package the lessons open. (4,000 until issue 61
-    added one precision per run, saved priors, the process steps in one module and the verified path's evidence;
-    4,450 until issue 62's engine hand-over in classify and the plain checkpoint; 4,500 until issue 63 moved the
-    keyword baseline from notebook 01 into helpers.data, for 05 to set beside its accuracy too.)
-    The engine hand-over (helpers/engine*.py: classify --engine, docs/scale.md) is counted apart: no lesson opens it
-    but 04's Going deeper, and it stays at most 500 lines."""
-    engine = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "helpers").glob("engine*.py")}
-    assert sum(engine.values()) <= 500, f"helpers/engine*.py is {sum(engine.values())} lines: {engine}"
-    lines = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "helpers").glob("*.py")}
-    lines = {name: n for name, n in lines.items() if name not in engine}
-    largest = ", ".join(f"{name} {n}" for name, n in sorted(lines.items(), key=lambda item: -item[1])[:3])
-    assert sum(lines.values()) <= 4510, f"helpers/*.py is {sum(lines.values())} lines (largest: {largest})"
 
 
 @pytest.mark.parametrize("module", TEACHING)

@@ -187,9 +187,10 @@ def test_the_job_prior_on_a_verified_run_gives_float32s_labels_under_the_prior_i
     assert len(set(scores.predictions)) == 3, "the prior lifted the collapse"
 
 
-def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tiny_qwen, tickets):
+def test_a_wholly_resumed_auto_run_calibrates_its_own_bound(tiny_qwen, tickets):
     """Every row read back from progress files: no process calibrated, so the bound is measured now (on rows spread over
-    the length order), and the half-precision scores settle to float32's labels under the final prior."""
+    the length order), and the half-precision scores settle to float32's labels under the job's prior (known before,
+    from float32 scores)."""
     from helpers.classify import Gathered, Passes, _settle
     from helpers.precision import calibration_rows, mixed_precision
 
@@ -200,8 +201,10 @@ def test_the_job_prior_of_a_wholly_resumed_auto_run_calibrates_its_own_bound(tin
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
     full = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
     plan = dict(strategy="sorted", batch_size=4, token_budget=None)  # classify_file's batching plan
-    passes, resumed = Passes(model, tokenizer, scorer, prompts, plan, "bfloat16"), Gathered({}, [], "job", None, True)
+    known = job_prior(full[calibration_rows(tokenizer, prompts, 8)])
+    passes, resumed = Passes(model, tokenizer, scorer, prompts, plan, "bfloat16"), Gathered({}, [], "job", known, True)
     scores, prior, added, runs = _settle(passes, half, set(), [], resumed)
+    assert prior is known
     assert len(runs) == 1 and runs[0]["calibration"] == min(len(prompts), 16) and runs[0]["threshold"] > 0
     assert scores.predictions == calibrated(full, prior).predictions
     first = [*calibration_rows(tokenizer, prompts, 16), *added]  # the calibration rows and the rescored

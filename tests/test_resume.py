@@ -18,7 +18,8 @@ ROOT = Path(__file__).parent.parent
 KILLER = Path(__file__).parent / "kill_after_batches.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "SLM_DEVICE": "cpu"}
-PROBABILITIES = [f"{kind}_{label}" for kind in ("p", "raw_p") for label in ("billing", "technical", "account")]
+LABELS = ["billing", "technical", "account"]
+PROBABILITIES = [f"{kind}_{label}" for kind in ("p", "raw_p") for label in LABELS]
 
 
 def job(tmp_path, rows=40):
@@ -32,7 +33,7 @@ def job(tmp_path, rows=40):
         "--batch-size",
         "4",
         "--prior",
-        "job",  # computed after the last row: a resumed run reads the same scores, so the same prior
+        "job",  # from its sample's rows, scored first: a resumed run reads them back, so the same prior
         "--quiet",
     ]
 
@@ -175,28 +176,26 @@ def test_a_progress_line_holds_its_row_its_scores_whether_it_ran_in_full_and_who
 AUTO = Path(__file__).parent / "auto_driver.py"
 
 
-def float32_labels_under_the_run_prior(tmp_path, capsys, source, options, result: Path) -> None:
-    """Every row's label in ``result`` is float32's under the prior the run divided out: float32's raw scores of the
-    same rows (a float32 run without a prior), that prior read back from the result's p_ and raw_p_ columns."""
+def the_float32_runs_labels(tmp_path, capsys, monkeypatch, source, options, result: Path) -> None:
+    """Every row of ``result`` has the label, and the prior, that the same command gives with --dtype float32 (as
+    auto_driver.py runs it: the job's prior from 8 rows)."""
+    monkeypatch.setattr("helpers.classify.PRIOR_ROWS", 8)
     reference = tmp_path / "float32.csv"
-    plain = [*options, "--prior", "none"]
-    plain[plain.index("--prior")], plain[plain.index("--prior") + 1] = "--prior", "none"  # the last --prior wins
-    code, err = classify([str(source), "--output", str(reference), *plain], capsys)
+    code, err = classify([str(source), "--output", str(reference), *options, "--dtype", "float32"], capsys)
     assert code == 0, err
     ran, f32 = pd.read_csv(result), pd.read_csv(reference)
-    labels = ["billing", "technical", "account"]
-    raw, after = ran[[f"raw_p_{x}" for x in labels]].to_numpy(), ran[[f"p_{x}" for x in labels]].to_numpy()
-    shift = np.log(raw) - np.log(after)  # p = raw / prior, normalised: the prior's log, up to a constant per row
-    shift -= shift.mean(1, keepdims=True)
-    log_prior = shift[0]
-    assert np.allclose(shift, log_prior, atol=1e-2), "one prior for every row (the files keep 8 decimals)"
-    expected = np.array(labels)[(np.log(f32[[f"p_{x}" for x in labels]].to_numpy()) - log_prior).argmax(1)]
-    assert (ran["predicted_label"].to_numpy() == expected).all(), "a row left float32's label under the run's prior"
+    assert (ran["predicted_label"] == f32["predicted_label"]).all(), "a row left the float32 run's label"
+    raw, after = ran[[f"raw_p_{x}" for x in LABELS]].to_numpy(), ran[[f"p_{x}" for x in LABELS]].to_numpy()
+    raw32, after32 = f32[[f"raw_p_{x}" for x in LABELS]].to_numpy(), f32[[f"p_{x}" for x in LABELS]].to_numpy()
+    # p = raw / prior, normalised: the prior's log, up to a constant per row (the files keep 8 decimals)
+    shift, shift32 = np.log(raw) - np.log(after), np.log(raw32) - np.log(after32)
+    shift, shift32 = shift - shift.mean(1, keepdims=True), shift32 - shift32.mean(1, keepdims=True)
+    assert np.allclose(shift, shift32[0], atol=1e-2), "the float32 run's prior on every row"
 
 
 def test_a_resumed_auto_run_keeps_the_precision_its_stopped_run_resolved(tmp_path, capsys, monkeypatch):
     """Stopped where bfloat16 was fast, resumed where it is not: the resumed run keeps bfloat16 (one precision per
-    run), and with the job prior every row ends with float32's label under the printed prior."""
+    run), and with the job prior every row ends with the label and the prior a --dtype float32 run gives."""
     from tests.test_profile import synthetic
 
     source, options = job(tmp_path)
@@ -213,16 +212,17 @@ def test_a_resumed_auto_run_keeps_the_precision_its_stopped_run_resolved(tmp_pat
     header = json.loads(resume.progress_files(stopped)[0].read_text().splitlines()[0])
     assert header["fingerprint"]["resolved"] == "bfloat16"
     monkeypatch.setattr("helpers.classify.machine_profile", lambda *a, **k: synthetic(bf16=2.4, fp32=120.0))
+    monkeypatch.setattr("helpers.classify.PRIOR_ROWS", 8)  # as auto_driver.py ran the stopped run
     code, err = classify([str(source), "--output", str(stopped), *options], capsys)
     assert code == 0, err
     assert "--dtype auto: bfloat16, as the stopped run of this job resolved it" in err, err
-    assert "bfloat16 verified in float32" in err and "Every label is float32's provided" in err, err
-    float32_labels_under_the_run_prior(tmp_path, capsys, source, options[:-2], stopped)
+    assert "bfloat16 verified in float32" in err and "Every label is the one --dtype float32 gives" in err, err
+    the_float32_runs_labels(tmp_path, capsys, monkeypatch, source, options[:-2], stopped)
 
 
-def test_two_processes_share_one_auto_precision_and_one_bound(tmp_path, capsys):
+def test_two_processes_share_one_auto_precision_and_one_bound(tmp_path, capsys, monkeypatch):
     """Rank 1 alone would stay in float32 (its bfloat16 is slow): rank 0 resolves for both, and every row, whichever
-    process scored it, ends with float32's label under the job prior the run printed."""
+    process scored it, ends with the label and the job prior a --dtype float32 run gives."""
     source, options = job(tmp_path)
     output = tmp_path / "two.csv"
     done = subprocess.run(
@@ -235,4 +235,4 @@ def test_two_processes_share_one_auto_precision_and_one_bound(tmp_path, capsys):
     assert "the largest of 2 (each process's and the end's)" in done.stderr and "2 process(es)" in done.stderr, (
         done.stderr
     )
-    float32_labels_under_the_run_prior(tmp_path, capsys, source, options, output)
+    the_float32_runs_labels(tmp_path, capsys, monkeypatch, source, options, output)
