@@ -5,6 +5,8 @@ Every row comes out once, in input order, with its prediction columns, scored on
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import sys
 import time
 from collections import Counter
@@ -19,8 +21,9 @@ from tqdm.auto import tqdm
 from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
-from .data import encode_prompts, uses_chat_template
+from .data import build_prompt, encode_prompts, uses_chat_template
 from .engine import Engine, check_golden_set, run_in_chunks, start_engine
+from .head import FOLDS, HeadScorer, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
     calibration_rows,
     choose_half,
@@ -133,6 +136,9 @@ class Options:
     progress: bool = True
     device: str | None = None
     engine: str | None = None
+    fit_head: str | Path | None = None
+    save_head: str | Path | None = None
+    head_from: str | Path | None = None
 
     def check(self) -> None:
         """The options' own errors, one line each, before anything is read."""
@@ -146,12 +152,28 @@ class Options:
             raise InputError(f"--label-column {self.label_column}: only --prior labelled reads it")
         if self.save_prior is not None and self.prior == "none":
             raise InputError("--save-prior with --prior none: there is no prior to save")
-        if self.save_prior is not None and not Path(self.save_prior).parent.is_dir():
-            raise InputError(f"--save-prior {self.save_prior}: its folder does not exist")
+        for option, path in (("--save-prior", self.save_prior), ("--save-head", self.save_head)):
+            if path is not None and not Path(path).parent.is_dir():
+                raise InputError(f"{option} {path}: its folder does not exist")
+        self._check_head()
         floors = {"--batch-size": (self.batch_size, 1), "--token-budget": (self.token_budget, 1)}
         for option, (value, least) in {**floors, "--verify": (self.verify, 0)}.items():
             if value is not None and value < least:
                 raise InputError(f"{option} must be >= {least}, got {value}")
+
+    def _check_head(self) -> None:
+        if self.fit_head is not None and self.head_from is not None:
+            raise InputError(f"--fit-head {self.fit_head} and --head-from {self.head_from}: give one of them")
+        if self.save_head is not None and self.fit_head is None:
+            raise InputError(f"--save-head {self.save_head} saves the head this run fits: give --fit-head LABELLED")
+        if self.engine and (self.fit_head or self.head_from):
+            why = "a fitted head reads the model's hidden state, which the engine does not return: drop --engine"
+            raise InputError(f"--engine {self.engine}: {why}")
+
+    @property
+    def head(self) -> bool:
+        """Whether the run scores with a fitted label head (``helpers.head``) instead of the labels' tokens."""
+        return self.fit_head is not None or self.head_from is not None
 
     @property
     def plan(self) -> dict:
@@ -170,8 +192,11 @@ class Job:
     table: Any
     examples: list
     gold: list[str] | None = None
-    scope: dict | None = None  # what a saved prior is valid for (helpers.prior.prior_scope)
+    scope: dict | None = None  # what a saved prior or head is valid for (helpers.prior.prior_scope)
     made_by: tuple = ()  # the model's resolved name and the prompt format
+    labelled: list = field(default_factory=list)  # --fit-head's (text, label) rows
+    prior: str = PRIOR  # the prior's name (PRIORS, or "file": --prior-from)
+    prior_file: Prior | None = None  # --prior-from's, read before the model loads
 
     @classmethod
     def read(cls, input_path, labels, output_path, options: Options) -> Job:
@@ -181,6 +206,9 @@ class Job:
         table = tables.read_table(input_path, options.text_column)
         tables.check_columns(table, checked, raw=options.prior != "none")
         examples = tables.read_examples(options.examples_path, checked) if options.examples_path else []
+        labelled = tables.read_examples(options.fit_head, checked, "labelled rows") if options.fit_head else []
+        if options.fit_head and (unseen := [label for label in checked if label not in [y for _, y in labelled]]):
+            raise InputError(f"--fit-head {options.fit_head}: no row is labelled {unseen}: fitting needs one of each")
         gold = [record.get(options.label_column) for record in table.records] if options.prior == "labelled" else None
         if gold is not None and (wrong := [n for n, label in enumerate(gold, start=1) if label not in checked]):
             why = f"--prior labelled needs a {options.label_column!r} column holding one of {', '.join(checked)}"
@@ -188,7 +216,15 @@ class Job:
             raise InputError(f"{table.path}: {rows_text(wrong)}: {why}")
         if gold is not None and (unseen := [label for label in checked if label not in gold]):
             raise InputError(f"{table.path}: --prior labelled needs a row of each label: none is labelled {unseen}")
-        return cls(checked, output, table, examples, gold)
+        return cls(checked, output, table, examples, gold, labelled=labelled, prior=_prior_name(options, len(table)))
+
+
+def _prior_name(options: Options, rows: int) -> str:
+    """The prior a run divides out: as asked, else by the job's size; none under a fitted head (its bias is one)."""
+    if options.prior_from:
+        return "file"
+    default = PRIOR if rows >= JOB_PRIOR_MIN_ROWS else "content-free"
+    return options.prior or ("none" if options.head else default)
 
 
 @dataclass
@@ -282,67 +318,89 @@ def classify_file(
     rank 0 the bound and prior settled, verification and the atomic write. ``options`` (or its fields as keywords,
     e.g. ``dtype="auto"``): ``Options``, the command's; ``say`` gets rank 0's messages (default: stderr)."""
     options = replace(options or Options(), **chosen)
-    with contextlib.ExitStack() as engines:
-        return _classify(input_path, labels, output_path, options, say, engines)
+    with contextlib.ExitStack() as stack:
+        return _classify(input_path, labels, output_path, options, say, stack)
 
 
-def _classify(input_path, labels, output_path, options: Options, say, engines: contextlib.ExitStack) -> ClassifyResult:
-    """``classify_file``'s run; ``engines`` closes the engine it starts, if any."""
+def _classify(input_path, labels, output_path, options: Options, say, stack: contextlib.ExitStack) -> ClassifyResult:
+    """``classify_file``'s run up to its passes; ``stack`` closes the engine it starts and puts back the LM head that a
+    fitted head replaced."""
     start = time.perf_counter()
     group = Processes(options.device)
     tell = (say or (lambda message: print(message, file=sys.stderr))) if group.main else (lambda message: None)
     job = group.step(lambda: Job.read(input_path, labels, output_path, options))
-    default = PRIOR if len(job.table) >= JOB_PRIOR_MIN_ROWS else "content-free"  # by job size
-    prior = "file" if options.prior_from else options.prior or default
     tokenizer, scorer = group.step(lambda: _label_scorer(job.labels, options))
-    from_file = group.step(lambda: _prior_file(job, options, tokenizer, scorer))
-    fingerprint = _fingerprint(job, scorer, options, str(from_file or prior), group.device)
-    # --overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
-    # reads every progress file before any appends to its own: step waits for all of them each time.
-    group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
-    done = group.step(lambda: resume.read_progress(job.output, fingerprint))
-    earlier = group.step(lambda: resume.recorded_bound(job.output))  # the stopped run's bound, if it noted one
-    _say_how(tell, options, tokenizer, scorer, done, len(job.table), job.output)
+    job.prior_file, head = group.step(lambda: _scope_files(job, options, tokenizer, scorer))
+    progress = _read_progress(group, job, options, _fingerprint(job, scorer, options, group.device, head))
+    _say_how(tell, options, tokenizer, scorer, progress.done, len(job.table), job.output)
     # The engine loads its model in its own process while the package loads its own; closed when the run ends.
-    engine = group.step(lambda: engines.enter_context(start_engine(options, scorer, group))) if options.engine else None
+    engine = group.step(lambda: stack.enter_context(start_engine(options, scorer, group))) if options.engine else None
     from .models import load_model
 
     auto = options.dtype == "auto"
     float32 = auto or engine is not None  # an engine's golden set and --verify compare with the package's float32
     wanted = dict(dtype="float32" if float32 else options.dtype, device=group.device, verbose=group.main, say=tell)
     model, tokenizer, info = group.step(lambda: load_model(options.model_name, tokenizer=tokenizer, **wanted))
-    half = _precision(group, options, model, info, job.output, tell, prior) if auto else None
+    half = _precision(group, options, model, info, job, tell) if auto else None
     if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
-        fingerprint["resolved"] = half or "float32"
+        progress.fingerprint["resolved"] = half or "float32"
     passes, cut = group.step(lambda: _passes(model, tokenizer, scorer, job, options, half))
+    if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
+        head = head or group.decide(lambda: _fitted_head(passes, job, options, tell))
+        stack.enter_context(head.installed(model))
+        passes.scorer = HeadScorer(job.labels)
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
-    checked = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
-    passes.engine = checked
+    passes.engine = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
-    bar = options.progress and group.main
-    fixed, sampled = _known_prior(group, prior, passes, job, from_file, done, fingerprint, bar)
-    passes.prior = fixed
-    mine = group.share([i for i in range(len(job.table)) if i not in done and i not in sampled])
-    scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
-    pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
-    rows = dict(pairs)
     dtype = f"{half} verified in float32" if half else engine.dtype if engine else info.dtype
     where, engine_name = (info.name, dtype, info.device, group.count), engine and engine.describe()
     outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache, engine=engine_name)
-    outcome.truncated_rows, outcome.resumed, outcome.computed = cut, len(done), len(pairs) + len(sampled)
-    if group.main:
-        rows.update(done)
-        rows.update(sampled)
-        gathered = Gathered(rows, runs, prior, fixed, bool(done), job.gold, earlier)
-        _conclude(passes, job, gathered, outcome, options, tell)
+    outcome.truncated_rows = cut
+    _score_and_conclude(group, passes, job, progress, outcome, options, tell)
     outcome.seconds = time.perf_counter() - start
     if group.main:
         tell(outcome.summary())
-    if group.main and (warning := collapse_warning(outcome.predictions, job.labels, len(job.examples), prior)):
+    if group.main and (warning := collapse_warning(outcome.predictions, job.labels, len(job.examples), job.prior)):
         outcome.warnings.append(warning)
         tell(warning)
     return outcome
+
+
+@dataclass
+class Progress:
+    """What the job's progress files hold before any row is scored, read by every process: the job's fingerprint
+    (``resume.fingerprint``), the rows done {row: (scores, full, exact)}, the stopped run's largest bound."""
+
+    fingerprint: dict
+    done: dict
+    earlier: float | None
+
+
+def _read_progress(group: Processes, job: Job, options: Options, fingerprint: dict) -> Progress:
+    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
+    reads every progress file before any appends to its own: ``step`` waits for all of them each time."""
+    group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
+    done = group.step(lambda: resume.read_progress(job.output, fingerprint))
+    earlier = group.step(lambda: resume.recorded_bound(job.output))  # the stopped run's bound, if it noted one
+    return Progress(fingerprint, done, earlier)
+
+
+def _score_and_conclude(group, passes: Passes, job: Job, progress: Progress, outcome, options: Options, tell) -> None:
+    """The prior known before the first row, this process's share of the rows, gathered; on rank 0 the end of the run
+    (``_conclude``)."""
+    bar = options.progress and group.main
+    fixed, sampled = _known_prior(group, passes, job, progress, bar)
+    passes.prior, done = fixed, progress.done
+    mine = group.share([i for i in range(len(job.table)) if i not in done and i not in sampled])
+    fingerprint = progress.fingerprint
+    scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
+    pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
+    outcome.resumed, outcome.computed = len(done), len(pairs) + len(sampled)
+    if group.main:
+        rows = {**dict(pairs), **done, **sampled}
+        gathered = Gathered(rows, runs, job.prior, fixed, bool(done), job.gold, progress.earlier)
+        _conclude(passes, job, gathered, outcome, options, tell)
 
 
 @dataclass
@@ -414,27 +472,53 @@ def _label_scorer(labels: list[str], options: Options):
         raise InputError(f"{'--whole-answers' if options.whole_answers else '--labels'}: {error}") from None
 
 
-def _prior_file(job: Job, options: Options, tokenizer, scorer) -> Prior | None:
-    """``--prior-from``'s prior, checked against what this job's raw scores depend on (``prior_scope``). Sets
-    ``job.made_by`` (the fingerprint's model and prompt format) and ``job.scope`` (what ``--save-prior`` records)."""
+def _scope_files(job: Job, options: Options, tokenizer, scorer) -> tuple[Prior | None, LabelHead | None]:
+    """``--prior-from``'s prior and ``--head-from``'s head, each checked against what this job's scores depend on
+    (``prior_scope``), before the model loads. Sets ``job.made_by`` (the fingerprint's model and prompt format) and
+    ``job.scope`` (what ``--save-prior`` and ``--save-head`` record)."""
     from .models import resolve_name
     from .prior import load_prior, prior_scope
 
     job.made_by = resolve_name(options.model_name)[0], "chat" if uses_chat_template(tokenizer) else "plain"
     job.scope = prior_scope(job.made_by[0], job.labels, job.examples, job.made_by[1], scorer.complete)
-    try:
-        return load_prior(options.prior_from, job.scope) if options.prior_from else None
-    except ValueError as error:
-        raise InputError(f"--prior-from {error}") from None
+    loaded = []
+    for option, path, load in (
+        ("--prior-from", options.prior_from, load_prior),
+        ("--head-from", options.head_from, load_head),
+    ):
+        try:
+            loaded.append(load(path, job.scope) if path else None)
+        except ValueError as error:
+            raise InputError(f"{option} {error}") from None
+    return loaded[0], loaded[1]
 
 
-def _fingerprint(job: Job, scorer, options: Options, prior: str, device) -> dict:
+def _fitted_head(passes: Passes, job: Job, options: Options, tell) -> LabelHead:
+    """``--fit-head``: the labels' LM-head rows fitted to the labelled rows' hidden states at the answer position, in
+    this job's prompt (its examples and format); saved with ``--save-head``. Rank 0's, said in one line."""
+    prompts = [build_prompt(passes.tokenizer, text, job.labels, job.examples) for text, _ in job.labelled]
+    states = answer_states(passes.model, passes.tokenizer, prompts, passes.plan["batch_size"])
+    head = fit_head(LabelHead.from_lm_head(passes.model, passes.scorer), states, [label for _, label in job.labelled])
+    info = head.info
+    fitted = f"a label head fitted on {info['fitted_on']} labelled rows of {options.fit_head}"
+    pull = f"pull towards the LM head's rows {info['strength']:g}, by {FOLDS}-fold cross-validation"
+    tell(f"{fitted} ({pull}; {info['training_accuracy']:.0%} of its own rows right): it scores every row")
+    if options.save_head:
+        save_head(head, options.save_head, job.scope)
+        tell(f"head saved to {options.save_head}: pass --head-from {options.save_head} to later jobs")
+    return head
+
+
+def _fingerprint(job: Job, scorer, options: Options, device, head: LabelHead | None = None) -> dict:
     from .models import pick_dtype
 
     scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": options.truncate}
+    if options.head:  # the head's numbers, or what fits it (the labelled rows, fitted alike on every run)
+        fitted_on = hashlib.sha256(json.dumps(job.labelled).encode()).hexdigest()[:16]
+        scoring["head"] = head.digest() if head is not None else f"fitted on {fitted_on}"
     auto = options.dtype == "auto"
     if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
-        scoring["prior"] = prior
+        scoring["prior"] = str(job.prior_file or job.prior)
     if options.engine:  # an engine's float32 sums in another order than the package's: its rows are its own
         scoring["engine"] = options.engine
     dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
@@ -458,15 +542,15 @@ def _say_how(tell, options: Options, tokenizer, scorer, done: dict, rows: int, o
         tell(f"scoring whole answers, each label followed by the end-of-answer marker ({why})")
 
 
-def _precision(group: Processes, options: Options, model, info, output: Path, tell, prior: str) -> str | None:
+def _precision(group: Processes, options: Options, model, info, job: Job, tell) -> str | None:
     """``--dtype auto``'s half dtype (None: float32), chosen once for the whole run: as the stopped run of this job
     recorded it, else by rank 0's machine profile (notebook 00), handed to every process. ``--prior labelled`` fits
     every row's scores, which must then be float32's: it runs in float32."""
-    recorded = group.step(lambda: resume.resolved(output))
+    recorded = group.step(lambda: resume.resolved(job.output))
     if recorded is not None:
         tell(f"--dtype auto: {recorded}, as the stopped run of this job resolved it (one precision per run)")
         return None if recorded == "float32" else recorded
-    if prior == "labelled":
+    if job.prior == "labelled":
         tell("--dtype auto: float32 (--prior labelled is fitted to every row's scores, so every row runs in float32)")
         return None
     half, why = group.decide(lambda: choose_half(machine_profile(model, info, say=tell)))
@@ -506,19 +590,19 @@ def _score_share(
     return scored, run
 
 
-def _known_prior(group: Processes, prior: str, passes: Passes, job: Job, from_file, done: dict, fingerprint, bar_on):
+def _known_prior(group: Processes, passes: Passes, job: Job, progress: Progress, bar_on: bool):
     """The prior known before the first row is scored, computed in float32 under --dtype auto as a float32 run computes
     it, so both precisions divide out the same one: a file's, the content-free one (every process alike) or the job's
     from its sample (``_job_prior``, on rank 0, handed out); None for none and a labelled sample's (fitted at the end).
     Returns (the prior, {row: (scores, full, exact)} the job's sample scored now)."""
-    if prior == "content-free":
+    if job.prior == "content-free":
         tokenizer, examples = passes.tokenizer, job.examples
         return group.step(lambda: content_free_prior(passes.model, tokenizer, passes.scorer, examples)), {}
-    if prior != "job":
-        return from_file, {}
-    sampled, fixed = group.decide(lambda: _job_prior(passes, done, job.output, fingerprint, bar_on))
+    if job.prior != "job":
+        return job.prior_file, {}
+    sampled, fixed = group.decide(lambda: _job_prior(passes, progress.done, job.output, progress.fingerprint, bar_on))
     for row in sampled:  # a resumed row of the sample that was not float32's, scored again
-        done.pop(row, None)
+        progress.done.pop(row, None)
     return fixed, sampled
 
 

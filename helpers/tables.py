@@ -100,11 +100,11 @@ def read_table(path: str | Path, text_column: str = "text") -> Table:
     return Table(path, columns, records, text_column)
 
 
-def read_examples(path: str | Path, labels: Sequence[str]) -> list[tuple[str, str]]:
-    """Few-shot examples from a CSV/JSONL file with ``text`` and ``label`` columns."""
+def read_examples(path: str | Path, labels: Sequence[str], what: str = "few-shot examples") -> list[tuple[str, str]]:
+    """Few-shot examples (or ``what`` else: labelled rows) from a CSV/JSONL file with ``text`` and ``label`` columns."""
     table = read_table(path, "text")
     if "label" not in table.columns:
-        raise InputError(f"{path}: few-shot examples need a 'label' column")
+        raise InputError(f"{path}: {what} need a 'label' column")
     unknown = [i for i, record in enumerate(table.records, start=1) if record.get("label") not in labels]
     if unknown:
         raise InputError(f"{path}: {rows_text(unknown)}: label is not one of {', '.join(labels)}")
