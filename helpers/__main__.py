@@ -13,6 +13,7 @@ DEVICES, PRIORS = ("auto", "cpu", "cuda", "mps"), ("none", "content-free", "job"
 BATCHING, ENGINES = ("loop", "arbitrary", "sorted", "token_budget"), ("vllm",)
 BENCH_STRATEGIES = ("loop", "loop_prefix", "sorted", "sorted_prefix")
 POOL, BATCH_SIZE, PRIOR, JOB_PRIOR_MIN_ROWS = 600, 16, "job", 10
+PRIOR_ROWS = 128
 
 
 def _csv_list(kind):
@@ -104,11 +105,11 @@ def add_classify_parser(commands) -> None:
     add("--examples", dest="examples_path", metavar="EXAMPLES", default=None, help=examples)
     verify = "re-run K random rows one at a time and fail on any disagreement"
     add("--verify", type=int, default=0, metavar="K", help=verify)
-    prior = "the label prior divided out of every row's probabilities: the job's own mean (of rows spread over its "
-    prior += "lengths, scored first in float32), "
+    prior = "the label prior divided out of every row's probabilities: the job's own mean (of "
+    prior += f"{PRIOR_ROWS} rows spread over its lengths, scored first: in float32 under --dtype auto), "
     prior += "content-free inputs scored through the prompt, fitted to the file's own 'label' column (labelled: a "
     prior += f"sample of your queue, to save), or none (default: {PRIOR} from {JOB_PRIOR_MIN_ROWS} rows, content-free "
-    prior += "below; docs/classify.md)"
+    prior += "below, none under a fitted head; docs/classify.md)"
     add("--prior", default=None, choices=PRIORS, help=prior)
     prior_from = "divide out a prior an earlier run saved (--save-prior): a row's label no longer depends on the rest "
     add("--prior-from", default=None, metavar="FILE", help=prior_from + "of its file")

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
-from .data import build_prompt, encode_prompts, uses_chat_template
+from .data import encode_prompts, uses_chat_template
 from .engine import Engine, check_golden_set, run_in_chunks, start_engine
 from .head import FOLDS, HeadScorer, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
@@ -150,8 +150,13 @@ class Options:
             raise InputError(f"--prior-from {self.prior_from} and --prior {self.prior}: give one of them")
         if self.label_column != "label" and self.prior != "labelled":
             raise InputError(f"--label-column {self.label_column}: only --prior labelled reads it")
-        if self.save_prior is not None and self.prior == "none":
-            raise InputError("--save-prior with --prior none: there is no prior to save")
+        if self.save_prior is not None and (self.prior == "none" or (self.head and not self.prior)):
+            why = (
+                "--prior none"
+                if self.prior == "none"
+                else "a fitted head divides out none of its own (its bias is one)"
+            )
+            raise InputError(f"--save-prior with {why}: there is no prior to save")
         for option, path in (("--save-prior", self.save_prior), ("--save-head", self.save_head)):
             if path is not None and not Path(path).parent.is_dir():
                 raise InputError(f"{option} {path}: its folder does not exist")
@@ -238,7 +243,9 @@ class Passes:
     prompts: list[str]
     plan: dict
     half: str | None = None
-    prior: Prior | None = None  # a prior known before the first row (content-free, a file's): near ties read after it
+    prior: Prior | None = (
+        None  # known before the first row (the job's sample, content-free, a file's): ties read after it
+    )
     engine: Engine | None = None  # --engine: it scores the rows (the package's model: the golden set, --verify)
 
     def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
@@ -272,7 +279,8 @@ class Passes:
 
     def score_exactly(self, rows: list[int], land: Callable) -> None:
         """``rows`` (input rows) as a float32 run scores them: by the engine, or by the package's model with autocast
-        off, in sorted batches of a quarter of the set; ``land(rows, scores, full, exact)`` as each batch lands."""
+        off, in sorted batches of ``precision.batch_for_few`` rows; ``land(rows, scores, full, exact)`` as each batch
+        lands. In the run's dtype where one was named (``exact`` says which)."""
 
         def landed(items, scores, full=False):  # items: positions in ``rows``
             land([rows[j] for j in items], scores, full, self.exact)
@@ -406,7 +414,8 @@ def _score_and_conclude(group, passes: Passes, job: Job, progress: Progress, out
 @dataclass
 class Gathered:
     """What every process scored, on rank 0: each input row's (log-scores, ran in full, float32's) with the resumed
-    ones, the verified path's run records, the prior's name and its fixed value (content-free), whether rows resumed."""
+    ones, the verified path's run records, the prior's name and its value known before the first row (the job's
+    sample, content-free, a file's), whether rows resumed."""
 
     rows: dict
     runs: list
@@ -495,17 +504,40 @@ def _scope_files(job: Job, options: Options, tokenizer, scorer) -> tuple[Prior |
 
 def _fitted_head(passes: Passes, job: Job, options: Options, tell) -> LabelHead:
     """``--fit-head``: the labels' LM-head rows fitted to the labelled rows' hidden states at the answer position, in
-    this job's prompt (its examples and format); saved with ``--save-head``. Rank 0's, said in one line."""
-    prompts = [build_prompt(passes.tokenizer, text, job.labels, job.examples) for text, _ in job.labelled]
-    states = answer_states(passes.model, passes.tokenizer, prompts, passes.plan["batch_size"])
+    this job's prompt (its examples and format), kept beside the progress files (a resumed run reads it back) and
+    saved with ``--save-head``. Rank 0's, said in one line."""
+    kept, labelled = resume.head_path(job.output), _labelled_digest(job)
+    with contextlib.suppress(ValueError):  # none kept, or another job's: fitted anew
+        head = load_head(kept, job.scope)
+        if head.info.get("labelled") == labelled:
+            tell(f"--fit-head: the head the stopped run fitted on {head.info['fitted_on']} rows, read back")
+            return head
+    head = _fit_labelled(passes, job, options, tell)
+    head.info["labelled"] = labelled
+    save_head(head, kept, job.scope)
+    if options.save_head:
+        save_head(head, options.save_head, job.scope)
+        tell(f"head saved to {options.save_head}: pass --head-from {options.save_head} to later jobs")
+    return head
+
+
+def _labelled_digest(job: Job) -> str:
+    return hashlib.sha256(json.dumps(job.labelled).encode()).hexdigest()[:16]
+
+
+def _fit_labelled(passes: Passes, job: Job, options: Options, tell) -> LabelHead:
+    texts, tokenizer = [text for text, _ in job.labelled], passes.tokenizer
+    limit = tables.context_limit(passes.model, tokenizer, options.model_name or "the model")
+    fit = (options.truncate, str(options.fit_head))
+    prompts, cut = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit)
+    if cut:
+        tell(f"--fit-head: cut {len(cut)} labelled row(s) to fit the context: {rows_text(cut, limit=10)}")
+    states = answer_states(passes.model, tokenizer, prompts, passes.plan["batch_size"])
     head = fit_head(LabelHead.from_lm_head(passes.model, passes.scorer), states, [label for _, label in job.labelled])
     info = head.info
     fitted = f"a label head fitted on {info['fitted_on']} labelled rows of {options.fit_head}"
     pull = f"pull towards the LM head's rows {info['strength']:g}, by {FOLDS}-fold cross-validation"
     tell(f"{fitted} ({pull}; {info['training_accuracy']:.0%} of its own rows right): it scores every row")
-    if options.save_head:
-        save_head(head, options.save_head, job.scope)
-        tell(f"head saved to {options.save_head}: pass --head-from {options.save_head} to later jobs")
     return head
 
 
@@ -513,9 +545,8 @@ def _fingerprint(job: Job, scorer, options: Options, device, head: LabelHead | N
     from .models import pick_dtype
 
     scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": options.truncate}
-    if options.head:  # the head's numbers, or what fits it (the labelled rows, fitted alike on every run)
-        fitted_on = hashlib.sha256(json.dumps(job.labelled).encode()).hexdigest()[:16]
-        scoring["head"] = head.digest() if head is not None else f"fitted on {fitted_on}"
+    if options.head:  # the head's numbers, or what it is fitted on (a resumed run reads the fitted head back)
+        scoring["head"] = head.digest() if head is not None else f"fitted on {_labelled_digest(job)}"
     auto = options.dtype == "auto"
     if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
         scoring["prior"] = str(job.prior_file or job.prior)
@@ -535,7 +566,7 @@ def _say_how(tell, options: Options, tokenizer, scorer, done: dict, rows: int, o
     if not uses_chat_template(tokenizer):
         plain = "plain prompts, the instruction, examples and text as text, each label scored after 'Category:'"
         tell(f"{options.model_name or 'the model'}: its tokenizer has no chat template (a base model?): {plain}")
-    if scorer.complete:
+    if scorer.complete and not options.head:
         why = "--whole-answers"
         if scorer.overlaps:
             why = f"needed: {scorer.overlaps[0][1]!r} starts with all of {scorer.overlaps[0][0]!r}'s tokens"
@@ -552,6 +583,10 @@ def _precision(group: Processes, options: Options, model, info, job: Job, tell) 
         return None if recorded == "float32" else recorded
     if job.prior == "labelled":
         tell("--dtype auto: float32 (--prior labelled is fitted to every row's scores, so every row runs in float32)")
+        return None
+    if job.prior == "job" and len(job.table) <= PRIOR_ROWS:
+        sample = f"the job's prior scores up to {PRIOR_ROWS} rows in float32, and this job has {len(job.table)}"
+        tell(f"--dtype auto: float32 ({sample}: none is left for half precision)")
         return None
     half, why = group.decide(lambda: choose_half(machine_profile(model, info, say=tell)))
     shared = f" (chosen on process 0 for all {group.count})" if group.count > 1 else ""
@@ -608,9 +643,13 @@ def _known_prior(group: Processes, passes: Passes, job: Job, progress: Progress,
 
 def _job_prior(passes: Passes, done: dict, output: Path, fingerprint: dict, bar_on: bool) -> tuple[dict, Prior]:
     """Rank 0's ``--prior job``: the mean probabilities of ``PRIOR_ROWS`` rows spread over the job's length order
-    (``calibration_rows``), each scored as a float32 run scores it (``Passes.score_exactly``) unless a stopped run
-    did; the rows it scored land in its progress file. Returns ({row: (scores, full, exact)} scored now, the prior)."""
+    (``calibration_rows``), scored as a float32 run scores them (``Passes.score_exactly``: in float32 under --dtype
+    auto) unless a stopped run did; the rows it scored land in its progress file. Returns ({row: (scores, full,
+    exact)} scored now, the prior)."""
     sample = calibration_rows(passes.tokenizer, passes.prompts, PRIOR_ROWS)
+    # The sample's rows a stopped run did not score (or, from older progress files, scored in half precision). Scored
+    # in other batches than an uninterrupted run's, their scores, and so the prior, can differ from its in the last
+    # bits (as any float32 scores do between batch shapes): a label moves only where two labels tie to that digit.
     todo = [i for i in sample if i not in done or (passes.exact and not done[i][2])]
     scored = {}
     if todo:
@@ -623,7 +662,7 @@ def _job_prior(passes: Passes, done: dict, output: Path, fingerprint: dict, bar_
             bar.close()
     rows = {**done, **scored}
     scores = LabelScores(passes.scorer.labels, torch.tensor([rows[i][0] for i in sample]))
-    dtype = "float32" if passes.exact else str(passes.model.dtype).removeprefix("torch.")
+    dtype = passes.engine.dtype if passes.engine is not None else str(passes.model.dtype).removeprefix("torch.")
     spread = f"{len(sample)} of the job's {len(passes.prompts)} rows spread over its lengths"
     if len(sample) == len(passes.prompts):
         spread = f"the job's {len(sample)} rows"

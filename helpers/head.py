@@ -1,4 +1,4 @@
-"""A fitted label head (notebook 01, section 5; ``classify --fit-head``): the labels' rows of the LM head, fitted.
+"""A fitted label head (``classify --fit-head``; no lesson builds it yet): the labels' rows of the LM head, fitted.
 
 The label scorer reads the LM head at the answer position: each label's first token gets the final hidden state times
 that token's row of the LM head. Keep only those rows, one per label (a label of several tokens starts from its first
@@ -33,7 +33,7 @@ FOLDS = 5  # cross-validation folds (at most one per labelled row)
 @dataclass
 class LabelHead:
     """One row and one bias per label, on the model's final hidden state at the answer position; ``start``: the LM
-    head's rows it was fitted from (the pull's centre); ``info``: how it was fitted. Notebook 01, section 5."""
+    head's rows it was fitted from (the pull's centre); ``info``: how it was fitted."""
 
     labels: list[str]
     weight: torch.Tensor  # (labels, hidden), float32
@@ -43,9 +43,15 @@ class LabelHead:
 
     @classmethod
     def from_lm_head(cls, model, scorer: LabelScorer) -> LabelHead:
-        """The unfitted head: the LM head's rows for the labels' first tokens, no bias. Notebook 01, section 5."""
-        rows = model.get_output_embeddings().weight[scorer.first_ids].detach().float().cpu().clone()
-        return cls(list(scorer.labels), rows, torch.zeros(len(scorer.labels)), rows.clone(), {"fitted_on": 0})
+        """The unfitted head: the LM head's rows (and bias, where it has one) for the labels' first tokens. No lesson
+        builds it yet: ``classify --fit-head``."""
+        check_plain_lm_head(model)
+        lm_head = model.get_output_embeddings()
+        rows = lm_head.weight[scorer.first_ids].detach().float().cpu().clone()
+        bias = torch.zeros(len(scorer.labels))
+        if getattr(lm_head, "bias", None) is not None:
+            bias = lm_head.bias[scorer.first_ids].detach().float().cpu().clone()
+        return cls(list(scorer.labels), rows, bias, rows.clone(), {"fitted_on": 0})
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         return states.float() @ self.weight.T + self.bias
@@ -63,6 +69,7 @@ class LabelHead:
     def installed(self, model):
         """In this block ``model``'s outputs are this head's logits, one per label (``HeadScorer`` reads them): every
         scoring path (prefix cache, batching, mixed precision's float32 output layer) runs it unchanged."""
+        check_plain_lm_head(model)
         lm_head = model.get_output_embeddings()
         model.set_output_embeddings(self.linear(lm_head))
         try:
@@ -76,9 +83,23 @@ class LabelHead:
         return hashlib.sha256(numbers).hexdigest()[:16]
 
 
+# Config entries of models whose forward transforms the LM head's logits (Gemma's soft cap, Granite's and Cohere's
+# scales): a head in the LM head's place would be transformed too, and its fit does not know it.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
+
+
+def check_plain_lm_head(model) -> None:
+    """A one-line ``ValueError`` where the model transforms its logits after the LM head (``LOGIT_TRANSFORMS``)."""
+    config = model.config
+    if found := [name for name in LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1, 1.0)]:
+        raise ValueError(
+            f"a fitted head needs a plain LM head, and this model's forward transforms its logits ({found[0]})"
+        )
+
+
 class HeadScorer(LabelScorer):
     """A ``LabelScorer`` for a model whose LM head is a ``LabelHead`` (``LabelHead.installed``): each label is output
-    ``i``, one position, no tokens appended. Notebook 01, section 5."""
+    ``i``, one position, no tokens appended. No lesson builds it yet: ``classify --fit-head``."""
 
     def __init__(self, labels: Sequence[str]):  # no tokenizer: the labels are the head's outputs
         self.labels = check_labels(labels)
@@ -96,7 +117,7 @@ class HeadScorer(LabelScorer):
 @torch.no_grad()  # not inference_mode: fitting takes these states into autograd
 def answer_states(model, tokenizer, prompts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
     """The final hidden state (after the last norm: what the LM head reads) at each prompt's last position, the answer
-    position, in sorted batches: (prompts, hidden), float32, on the CPU. Notebook 01, section 5."""
+    position, in sorted batches: (prompts, hidden), float32, on the CPU."""
     rows = encode_prompts(tokenizer, prompts)
     states = torch.zeros((len(rows), model.get_output_embeddings().weight.shape[1]))
     for batch in plan_batches([len(row) for row in rows], "sorted", batch_size):
@@ -130,7 +151,7 @@ def _fit(start: LabelHead, states: torch.Tensor, targets: torch.Tensor, strength
 
 def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOLDS, steps: int = 100) -> float:
     """The pull's strength among ``STRENGTHS`` with the best held-out accuracy over ``folds`` folds of the labelled
-    rows (every row held out once), ties to the stronger pull. Notebook 01, section 5."""
+    rows (every row held out once), ties to the stronger pull. No lesson builds it yet: ``classify --fit-head``."""
     order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(0))
     parts = [order[k::folds] for k in range(min(folds, len(targets)))]
     best, chosen = -1.0, STRENGTHS[0]
@@ -148,7 +169,7 @@ def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOL
 
 def fit_head(start: LabelHead, states: torch.Tensor, gold: Sequence[str], strength: float | None = None) -> LabelHead:
     """``start`` (``LabelHead.from_lm_head``) fitted to labelled rows: their ``answer_states`` and labels. Every label
-    needs a row; ``strength`` None: chosen by ``cross_validated_strength``. Notebook 01, section 5."""
+    needs a row; ``strength`` None: chosen by ``cross_validated_strength``."""
     gold = list(gold)
     if len(gold) != len(states):
         raise ValueError(f"{len(states)} hidden states but {len(gold)} labels: give one label per labelled row")

@@ -123,9 +123,11 @@ def rounding_step(scores: LabelScores, dtype: str) -> float:
 
 def calibration_rows(tokenizer, prompts, k: int) -> list[int]:
     """``k`` of ``prompts`` spread evenly over their order by token length, the shortest and the longest among them: a
-    sample like the job in any row order (a file sorted by length, date or customer). Notebook 05, section 2."""
+    sample like the job in any row order (a file sorted by length, date or customer), the same rows in every order
+    (equal lengths ordered by their text). Notebook 05, section 2."""
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-    order, k = sorted(range(len(lengths)), key=lambda i: lengths[i]), min(k, len(lengths))  # k distinct rows at most
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], prompts[i]))
+    k = min(k, len(lengths))  # k distinct rows at most
     return sorted(order[round(j * (len(order) - 1) / max(k - 1, 1))] for j in range(k))
 
 

@@ -8,8 +8,9 @@ every speed path's agreement with the loop, stay as they were; only which label 
 
 ``content_free_prior`` scores inputs that say nothing ("N/A", "", a placeholder) through the job's prompt, autocast off
 (three extra rows); ``job_prior`` averages the job's own probabilities (``classify`` averages a sample of its rows
-spread over their lengths, scored in float32 before the others, so that a float32, a ``--dtype auto``, a resumed and a
-data-parallel run divide out the same prior): both aim at balanced accuracy, the rule for a uniform class prior.
+spread over their lengths, scored before the others, in float32 under ``--dtype auto``, so that a float32, an auto, a
+resumed and a data-parallel run divide out the same prior): both aim at balanced accuracy, the rule for a uniform
+class prior.
 ``sample_prior`` fits a labelled sample, so a queue that is 70 % one label keeps that mix (accuracy's rule);
 ``save_prior``/``load_prior`` carry a prior to later jobs (a row's label then no longer depends on the rest of its
 file). benchmarks/priors_imbalanced.py's table in docs/classify.md measures them."""

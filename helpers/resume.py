@@ -101,8 +101,17 @@ def resolved(output: Path) -> str | None:
     return found.pop() if found else None
 
 
+def head_path(output: Path) -> Path:
+    """Where a run that fits a label head (``classify --fit-head``) keeps it until the output is written: a resumed run
+    reads the head back instead of fitting it again (another batch size or thread count could fit another)."""
+    return output.parent / f".{output.name}.head.json"
+
+
 def remove_progress(output: Path, keep: dict | None = None) -> None:
-    """Remove the progress files of ``output``; with ``keep`` (``--overwrite``), only those of another job."""
+    """Remove the progress files of ``output`` (and a fitted head kept beside them); with ``keep`` (``--overwrite``),
+    only those of another job."""
+    if keep is None:
+        head_path(output).unlink(missing_ok=True)
     for path in progress_files(output):
         lines = _complete_lines(path)
         if keep is None or (lines and not _same_job(json.loads(lines[0]).get("fingerprint") or {}, keep)):

@@ -835,3 +835,24 @@ def test_a_near_tie_that_a_half_precision_prior_would_flip_keeps_the_float32_run
     with leaning_precision(model, "bfloat16"):
         half = score_batched(model, tokenizer, scorer, prompts, "sorted", batch_size=4, progress=False)
     assert calibrated(raw, job_prior(half)).predictions != calibrated(raw, job_prior(raw)).predictions
+
+
+def test_a_job_no_larger_than_the_priors_sample_runs_auto_in_float32_and_says_why(tmp_path, monkeypatch):
+    """The job's prior scores its sample in float32 first: a job of at most that many rows leaves none to half
+    precision, so auto resolves to float32 before measuring anything."""
+    from helpers import classify
+
+    def unmeasured(*args, **kwargs):
+        raise AssertionError("the machine profile was read for a job that cannot use half precision")
+
+    monkeypatch.setattr(classify, "machine_profile", unmeasured)
+    monkeypatch.setattr(classify, "PRIOR_ROWS", 32)
+    source = tmp_path / "tickets.csv"
+    pd.DataFrame({"text": [f"refund problem number {i}" for i in range(24)]}).to_csv(source, index=False)
+    options = dict(model_name="twin:tiny-qwen2", batch_size=4, progress=False)
+    said = []
+    auto = classify.classify_file(source, LABELS, tmp_path / "auto.csv", dtype="auto", say=said.append, **options)
+    float32 = classify.classify_file(source, LABELS, tmp_path / "float32.csv", dtype="float32", **options)
+    assert any("--dtype auto: float32 (the job's prior scores up to 32 rows in float32" in line for line in said), said
+    assert auto.dtype == "float32" and auto.predictions == float32.predictions
+    assert torch.equal(auto.prior.log_probs, float32.prior.log_probs)

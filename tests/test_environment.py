@@ -241,10 +241,11 @@ def test_the_command_lines_choices_and_defaults_are_the_modules_own(monkeypatch)
 
     assert (cli.DEVICES, cli.BATCHING, cli.PRIORS) == (models.DEVICES, batching.STRATEGIES, prior.PRIORS)
     assert cli.ENGINES == engine.ENGINES
-    assert (cli.BATCH_SIZE, cli.PRIOR, cli.JOB_PRIOR_MIN_ROWS) == (
+    assert (cli.BATCH_SIZE, cli.PRIOR, cli.JOB_PRIOR_MIN_ROWS, cli.PRIOR_ROWS) == (
         classify.BATCH_SIZE,
         classify.PRIOR,
         classify.JOB_PRIOR_MIN_ROWS,
+        classify.PRIOR_ROWS,
     )
     assert cli.BENCH_STRATEGIES == tuple(bench.STRATEGIES) and cli.POOL == bench.POOL
     parsed = []

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import classify, models
+from helpers import classify, models, resume
 from helpers.__main__ import main
 from helpers.batching import Batching, score_batched
 from helpers.checks import float_tolerance
@@ -169,6 +169,7 @@ def head_cases(tmp_path):
         (["--save-head", str(tmp_path / "h.json")], "saves the head this run fits: give --fit-head"),
         (["--fit-head", str(labelled), "--engine", "vllm"], "--engine vllm: a fitted head reads the model's hidden"),
         (["--fit-head", str(tmp_path / "first.csv")], "labelled rows need a 'label' column"),
+        (["--fit-head", str(labelled), "--save-prior", str(tmp_path / "p.json")], "a fitted head divides out none"),
     ]
 
 
@@ -210,8 +211,11 @@ def test_a_head_run_resumes_and_runs_on_two_processes_with_the_same_output(tmp_p
     killed = subprocess.run([sys.executable, str(KILLER), "3", "classify", str(first), "--output", str(stopped),
                              *options], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert killed.returncode != 0 and not stopped.exists(), killed.stderr[-2000:]
+    assert resume.head_path(stopped).exists(), "the fitted head is kept beside the progress files"
     code, err = run([str(first), "--output", str(stopped), *options], capsys)
     assert code == 0 and "resuming: 12 of 30 rows done" in err, err
+    assert "the head the stopped run fitted on 30 rows, read back" in err, err
+    assert not resume.head_path(stopped).exists(), "removed with the progress files once the output is written"
     same_output(tmp_path / "whole.csv", stopped)
     two = tmp_path / "two.csv"
     done = subprocess.run([*TORCHRUN, "--master_port", "29573", "-m", "helpers", "classify", str(first), "--output",
