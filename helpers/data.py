@@ -172,6 +172,16 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
     return frame.assign(n_words=frame["text"].str.split().str.len())
 
 
+def held_out_tickets() -> pd.DataFrame:
+    """112 support tickets written by hand in everyday support language (none from ``make_tickets``, whose sentences
+    they share no five words with), 37-38 per label, 6 to 69 words, columns ``text, label``: a held-out set to
+    measure accuracy on, never to fit on. ``classify --fit-head`` and benchmarks/head_curve.py read it."""
+    from importlib.resources import files
+
+    with files("helpers").joinpath("held_out_tickets.csv").open(encoding="utf-8") as handle:
+        return pd.read_csv(handle, dtype=str)
+
+
 def few_shot_examples(k: int) -> list[tuple[str, str]]:
     """The first ``k`` curated examples (balanced across labels for k a multiple of 3). Notebook 01, section 1."""
     if not 0 <= k <= len(FEW_SHOT_EXAMPLES):

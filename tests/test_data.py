@@ -94,3 +94,27 @@ def test_the_keyword_rules_pick_the_label_whose_words_a_ticket_mentions_most_tie
     assert keyword_label("I cannot login: reset the password of my account") == "account"
     assert keyword_label("Hello there") == next(iter(KEYWORDS))  # no word of any label: the first listed
     assert set(KEYWORDS) == set(LABELS)
+
+
+def test_the_held_out_set_is_written_apart_from_the_generator_and_balanced():
+    """At least 90 hand-written tickets, 30 or more per label, of varied length, sharing no run of five words with any
+    sentence the generator, its fillers or the few-shot examples use (so no fitted head has seen its wording)."""
+    import re
+
+    from helpers import data
+
+    held = data.held_out_tickets()
+    counts = held["label"].value_counts()
+    assert len(held) >= 90 and set(counts.index) == set(LABELS) and counts.min() >= 30, counts
+    words = held["text"].str.split().str.len()
+    assert words.min() <= 8 and words.max() >= 60, "short and long tickets"
+    sources = [*(s for bases in data.VARIED_BASES.values() for s in bases), *data.ARTICLE_BASES.values()]
+    sources += [data.ARTICLE_FILLER, *data.VARIED_FILLERS, *(text for text, _ in data.FEW_SHOT_EXAMPLES)]
+
+    def runs(text):
+        tokens = re.findall(r"[a-z']+", text.lower())
+        return {" ".join(tokens[i : i + 5]) for i in range(len(tokens) - 4)}
+
+    generated = set().union(*map(runs, sources))
+    shared = {text: runs(text) & generated for text in held["text"] if runs(text) & generated}
+    assert not shared, shared
