@@ -252,12 +252,11 @@ class Passes:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
         lands, ``note(bound)`` as the verified path's bound is set or widened. Returns its run record, else {}."""
 
-        def landed(items, scores, full, exact=self.half is None and self.model.dtype == torch.float32):
+        def landed(items, scores, full, exact=self.half is None and self.exact):
             land([rows[j] for j in items], scores, full, exact)
 
         if self.engine is not None:
-            ids, exact = encode_prompts(self.tokenizer, self.prompts), self.engine.dtype == "float32"
-            run_in_chunks(self.engine, ids, rows, lambda chunk, scores: land(chunk, scores, False, exact))
+            self.score_exactly(rows, land)
             return {}
         chosen = [self.prompts[i] for i in rows]
         if self.half is None:

@@ -104,8 +104,10 @@ class HeadScorer(LabelScorer):
     def __init__(self, labels: Sequence[str]):  # no tokenizer: the labels are the head's outputs
         self.labels = check_labels(labels)
         self.label_ids = self.token_ids = [[i] for i in range(len(self.labels))]
-        self.first_ids, self.overlaps, self.end_ids = list(range(len(self.labels))), [], []
-        self.complete, self.method, self.normalize = False, "head", False
+        self.first_ids = list(range(len(self.labels)))
+        self.overlaps, self.end_ids = [], []  # no tokens: nothing extends another, no end-of-answer marker
+        self.complete = self.normalize = False
+        self.method = "head"
         self.lengths = torch.ones(len(self.labels), dtype=torch.long)
         self.multi, self.tail = [], []
         self.tail_targets = self.tail_label = self.tail_offsets = torch.zeros(0, dtype=torch.long)
@@ -131,7 +133,7 @@ def answer_states(model, tokenizer, prompts: Sequence[str], batch_size: int = 16
 
 def _fit(start: LabelHead, states: torch.Tensor, targets: torch.Tensor, strength: float, steps: int) -> LabelHead:
     """Cross-entropy of the head on ``states`` plus ``strength`` times the squared distance of its rows from
-    ``start``'s, each term scaled to be about 1 at the start, minimised with L-BFGS."""
+    ``start``'s, that distance taken relative to the start rows' own squared size per label, minimised with L-BFGS."""
     centre = start.start if start.start is not None else start.weight
     weight, bias = start.weight.clone().requires_grad_(True), start.bias.clone().requires_grad_(True)
     scale = float(centre.pow(2).sum()) or 1.0
