@@ -68,7 +68,7 @@ def run_bench(args) -> int:
     shots = f"{first.shots} shots (prefix {first.prefix_tokens} tokens) · {first.repeats} repeats"
     random = " · random weights: timing only" if first.timing_only else ""
     print(f"{first.model} · {first.device} · {first.threads} threads · {first.machine} · {shots}{random}")
-    picked = "every block" if args.every == 1 else f"the middle block of every {args.every}"
+    picked = "every block" if args.every == 1 else f"the block most like its stratum of every {args.every}"
     scaled = "each block's seconds scaled by its stratum's padded tokens over its own"
     agreement = f"agreement: against the {args.dtypes[0]} loop"
     print(f"each row: {first.timed.split(',')[0]} ({picked} of the sorted tickets), {scaled}; {agreement}")

@@ -2,7 +2,8 @@
 sample of the reference's 600 tickets, scaled to all 600 by one stated rule, and checked against the loop.
 
 **The sample** (``sample_blocks``): the tickets sorted longest first, cut into blocks of the largest batch size (a
-whole number of batches at every size), the middle block of every ``every`` consecutive ones timed: its *stratum*.
+whole number of batches at every size), of every ``every`` consecutive ones (a *stratum*) the one whose mean length
+is nearest the stratum's timed.
 **The rule** (``Row.plan``): each timed block's seconds times its stratum's padded tokens over its own, as the
 contender plans them (why per stratum, and ``benchmarks/full_plan.py``'s check against the full run: docs/scales.md).
 ``every=1`` times all 600. **The spread** of a number is its fastest and slowest repeat, each scaled the same way."""
@@ -39,8 +40,17 @@ def sample_blocks(lengths: Sequence[int], block: int, every: int) -> tuple[list[
     order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
     blocks = [order[start : start + block] for start in range(0, len(order), block)]
     strata = [blocks[start : start + every] for start in range(0, len(blocks), every)]
-    picked = [stratum[(len(stratum) - 1) // 2] for stratum in strata]  # the middle one (a short last stratum's too)
+    picked = [_most_like(stratum, lengths) for stratum in strata]
     return picked, [[i for chunk in stratum for i in chunk] for stratum in strata]
+
+
+def _most_like(stratum: list[list[int]], lengths: Sequence[int]) -> list[int]:
+    """The block of ``stratum`` whose mean length is nearest the stratum's, the middle one among equals. Scaled by
+    tokens, a block shorter than its stratum's mean would also scale its fixed cost per call (per ticket, for the loop)
+    by more than the stratum's calls: the middle block of the long tail's stratum is such a block."""
+    mean = lambda chunk: float(np.mean([lengths[i] for i in chunk]))  # noqa: E731
+    whole, middle = float(np.mean([lengths[i] for chunk in stratum for i in chunk])), (len(stratum) - 1) / 2
+    return min(stratum, key=lambda chunk: (round(abs(mean(chunk) - whole), 6), abs(stratum.index(chunk) - middle)))
 
 
 def processed_tokens(lengths: Sequence[int], items: Sequence[int], strategy: str, batch_size: int) -> int:
@@ -153,7 +163,7 @@ def _joined(parts: Sequence[LabelScores]) -> LabelScores:
 
 @dataclass(frozen=True)
 class Sample:
-    """What ``sweep`` times, and how often: the middle block of ``block`` sorted tickets in every ``every`` blocks
+    """What ``sweep`` times, and how often: the block of ``block`` sorted tickets most like its stratum of ``every``
     (``sample_blocks``), in ``repeats`` rounds. Notebook 03, section 4; notebook 04, section 1."""
 
     block: int

@@ -283,11 +283,12 @@ class Race:
 def race(model, tokenizer, prompts, labels, examples, model_name=None, every: int = 12, rounds: int = 4) -> Race:
     """The package's float32 path (sorted batches of ``BATCH`` on the prefix cache) against the engine, on a sample
     of ``prompts`` (built with ``labels`` and ``examples``; ``model_name``: as ``load_model``'s) scaled to all of them
-    by notebook 03's rule: the package times the middle batch of every ``every`` of the length-sorted prompts, each
-    weighted by the batches it stands for (``helpers.bench.sample_blocks``: its padding is the full run's); the
-    engine, which pads nothing, scores the same tickets at once, scaled by their share of the tokens. A warm-up each,
-    ``rounds`` alternating rounds; the engine's start-up timed apart. Where there is no engine environment, or the
-    engine cannot run the model, the ``Race`` says why. Notebook 04, Going deeper (benchmarks/engine.py times all)."""
+    by notebook 03's rule: the package times, of every ``every`` batches of the length-sorted prompts, the one most
+    like them, each weighted by the batches it stands for (``helpers.bench.sample_blocks``: its padding is the full
+    run's); the engine, which pads nothing, scores the same tickets at once, scaled by their share of the tokens. A
+    warm-up each, ``rounds`` alternating rounds; the engine's start-up timed apart. Where there is no engine
+    environment, or the engine cannot run the model, the ``Race`` says why. Notebook 04, Going deeper
+    (benchmarks/engine.py times all)."""
     from .bench import sample_blocks
     from .precision import run_plan
     from .prefix_cache import PrefixCache

@@ -1,4 +1,4 @@
-"""A fitted label head (``classify --fit-head``; no lesson builds it yet): the labels' rows of the LM head, fitted.
+"""A fitted label head (notebook 01, section 5; ``classify --fit-head``): the labels' rows of the LM head, fitted.
 
 The label scorer reads the LM head at the answer position: each label's first token gets the final hidden state times
 that token's row of the LM head. Keep only those rows, one per label (a label of several tokens starts from its first
@@ -43,8 +43,8 @@ class LabelHead:
 
     @classmethod
     def from_lm_head(cls, model, scorer: LabelScorer) -> LabelHead:
-        """The unfitted head: the LM head's rows (and bias, where it has one) for the labels' first tokens. No lesson
-        builds it yet: ``classify --fit-head``."""
+        """The unfitted head: the LM head's rows (and bias, where it has one) for the labels' first tokens. Notebook 01,
+        section 5."""
         check_plain_lm_head(model)
         lm_head = model.get_output_embeddings()
         rows = lm_head.weight[scorer.first_ids].detach().float().cpu().clone()
@@ -119,7 +119,7 @@ class HeadScorer(LabelScorer):
 @torch.no_grad()  # not inference_mode: fitting takes these states into autograd
 def answer_states(model, tokenizer, prompts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
     """The final hidden state (after the last norm: what the LM head reads) at each prompt's last position, the answer
-    position, in sorted batches: (prompts, hidden), float32, on the CPU."""
+    position, in sorted batches: (prompts, hidden), float32, on the CPU. Notebook 01, section 5."""
     rows = encode_prompts(tokenizer, prompts)
     states = torch.zeros((len(rows), model.get_output_embeddings().weight.shape[1]))
     for batch in plan_batches([len(row) for row in rows], "sorted", batch_size):
@@ -171,7 +171,7 @@ def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOL
 
 def fit_head(start: LabelHead, states: torch.Tensor, gold: Sequence[str], strength: float | None = None) -> LabelHead:
     """``start`` (``LabelHead.from_lm_head``) fitted to labelled rows: their ``answer_states`` and labels. Every label
-    needs a row; ``strength`` None: chosen by ``cross_validated_strength``."""
+    needs a row; ``strength`` None: chosen by ``cross_validated_strength``. Notebook 01, section 5."""
     gold = list(gold)
     if len(gold) != len(states):
         raise ValueError(f"{len(states)} hidden states but {len(gold)} labels: give one label per labelled row")

@@ -165,9 +165,10 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
     return fig, finish(fig, info, path)
 
 
-def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
+def plot_ladder(ladder, info, path="technique_ladder.png", note: str = "", accuracy: str = ""):
     """Bars: each step's speedup over the one-at-a-time loop, from its slowest to fastest repeat (``speedup_min``,
-    ``speedup_max``) over its ``repeats``; ``note`` goes in the caption (a step timed otherwise)."""
+    ``speedup_max``) over its ``repeats``; ``note`` goes in the caption (a step timed otherwise), ``accuracy`` (the
+    classifier every step runs, ``checks.accuracy_beside_rules``) in the title. Notebook 04, section 4."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     below, above = ladder["speedup"] - ladder["speedup_min"], ladder["speedup_max"] - ladder["speedup"]
     spread = [below.clip(lower=0), above.clip(lower=0)]  # a step with one repeat: min = max, up to rounding
@@ -182,7 +183,8 @@ def plot_ladder(ladder, info, path="technique_ladder.png", note: str = ""):
     close = ", ".join(f"'{step}'" for step, said in zip(ranked["step"][1:], outcomes) if said == "within noise")
     said = f", within noise of {close}" if close else f", {NO_VERDICT}" if NO_VERDICT in outcomes else ""  # the rule
     lead = f"fastest median '{top.step}'" if said else f"best step '{top.step}'"
-    set_title(ax, f"The technique ladder: {lead} at {top.speedup:.2f}x the loop{said}")
+    classifier = f". The classifier: {accuracy}" if accuracy else ""
+    set_title(ax, f"The technique ladder: {lead} at {top.speedup:.2f}x the loop{said}{classifier}")
     ax.grid(alpha=0.3, axis="x")
     return fig, finish(fig, info, path, note)
 
@@ -321,3 +323,54 @@ def plot_margins(panels, info, path="precision_margins.png"):
     axes[0][0].set_ylabel("margin error: largest change in\na difference of two labels' scores")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, finish(fig, caption(info), path)
+
+
+def plot_learning_curve(curve, references, info, path="learning_curve.png", chance=None, rules=None):
+    """The fitted head's accuracy against its labelled rows: a dot per draw (``curve``: rows
+    ``labelled``, ``draw``, ``accuracy``, ``accuracy_low``, ``accuracy_high``) with its 95 % interval, each size's mean
+    joined; ``references`` (name -> accuracy, low, high: readouts fitted on nothing) as dashed lines with their
+    intervals shaded; ``rules`` (the keyword rules) grey, ``chance`` dotted. Notebook 01, section 5."""
+    missing = [name for name in ("labelled", "draw", "accuracy", "accuracy_low", "accuracy_high") if name not in curve]
+    if missing or curve.empty:
+        raise ValueError(f"the learning curve lacks rows or column(s) {', '.join(missing)}")
+    sizes = sorted(curve["labelled"].unique())
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    named = {**references, **({"keyword rules (no model)": rules} if rules is not None else {})}
+    for k, (name, (accuracy, low, high)) in enumerate(named.items()):
+        color = "0.45" if name.startswith("keyword") else f"C{k + 1}"
+        ax.axhspan(100 * low, 100 * high, color=color, alpha=0.08, zorder=0)
+        ax.axhline(100 * accuracy, color=color, ls="--", lw=1.2, label=f"{name}: {accuracy:.0%}")
+    spread = np.linspace(-0.06, 0.06, int(curve["draw"].max()) + 1)  # draws side by side at each size
+    for row in curve.itertuples():
+        x = row.labelled * 10 ** spread[row.draw]
+        ax.errorbar(
+            [x],
+            [100 * row.accuracy],
+            yerr=[[100 * (row.accuracy - row.accuracy_low)], [100 * (row.accuracy_high - row.accuracy)]],
+            fmt="o",
+            ms=4,
+            capsize=3,
+            color="C0",
+            alpha=0.8,
+        )
+    means = curve.groupby("labelled")["accuracy"].mean()
+    ax.plot(means.index, 100 * means.values, color="C0", lw=1.5, label="fitted head: each draw, and their mean")
+    if chance is not None:
+        ax.axhline(100 * chance, color="C3", ls=":", lw=1.2, label=f"chance: {chance:.0%}")
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [str(size) for size in sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(
+        xlabel="labelled tickets the head was fitted on (log scale)",
+        ylabel="accuracy (%), 95 % Wilson interval",
+        ylim=(0, 100),
+    )
+    largest = means.loc[sizes[-1]]
+    text = f"Fitted on {sizes[-1]} labelled tickets, the head reaches {largest:.0%} (mean of its draws)"
+    if rules is not None:
+        text += f"; keyword rules {rules[0]:.0%}"
+    text += f", on {int(curve['n'].iloc[0])} held-out tickets" if "n" in curve else ""
+    set_title(ax, text, width=4.2)  # the axes' width: the legend takes the rest
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.grid(alpha=0.3)
+    return fig, finish(fig, info, path)

@@ -283,6 +283,34 @@ def test_the_ladder_has_error_bars_and_names_a_winner_only_by_the_rule(tmp_path)
     close = ladder.assign(speedup_max=[0.3, 1.7, 1.9])
     fig, _ = plot_ladder(close, "caption", path=tmp_path / "m.png")
     assert "within noise of 'constrained loop'" in title_of(fig), title_of(fig)
+    fig, _ = plot_ladder(ladder, "caption", path=tmp_path / "a.png", accuracy="38% [27%, 50%] of 64 tickets right")
+    assert title_of(fig).endswith("The classifier: 38% [27%, 50%] of 64 tickets right"), "the ladder names its accuracy"
+    plt.close("all")
+
+
+def test_the_learning_curve_draws_every_draw_and_titles_the_largest_sizes_mean(tmp_path):
+    from helpers.plots import plot_learning_curve
+
+    curve = pd.DataFrame(
+        [
+            dict(labelled=n, draw=d, accuracy=a, accuracy_low=a - 0.1, accuracy_high=min(1, a + 0.1), n=112)
+            for n, accuracies in ((10, [0.5, 0.6]), (100, [0.8, 0.9]))
+            for d, a in enumerate(accuracies)
+        ]
+    )
+    references = {"unfitted head": (0.34, 0.26, 0.43)}
+    fig, _ = plot_learning_curve(curve, references, "caption", path=tmp_path / "c.png", chance=1 / 3,
+                                 rules=(0.79, 0.7, 0.85))  # fmt: skip
+    assert title_of(fig) == (
+        "Fitted on 100 labelled tickets, the head reaches 85% (mean of its draws); keyword rules "
+        "79%, on 112 held-out tickets"
+    )
+    errorbars = [c for c in fig.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(errorbars) == 4, "a point with its interval per draw"
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert "keyword rules (no model): 79%" in legend and "unfitted head: 34%" in legend and "chance: 33%" in legend
+    with pytest.raises(ValueError, match="accuracy_low"):
+        plot_learning_curve(curve.drop(columns="accuracy_low"), references, "caption", path=tmp_path / "x.png")
     plt.close("all")
 
 

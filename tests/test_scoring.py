@@ -299,3 +299,18 @@ def test_each_dtype_has_an_agreement_tolerance_above_what_was_measured(dtype, me
     assert str(tolerance).startswith(dtype) and ("near-ties" in str(tolerance)) == (dtype != "float32")
     with pytest.raises(ValueError, match="no agreement tolerance for dtype 'int8'"):
         tolerance_for("int8")
+
+
+def test_the_timed_classifiers_accuracy_sits_beside_the_keyword_rules_and_chance():
+    from helpers.checks import accuracy_beside_rules
+
+    texts = ["my invoice is wrong", "the app crashes", "change my email", "refund please"]
+    gold = ["billing", "technical", "account", "billing"]
+    said = accuracy_beside_rules(["billing", "billing", "account", "technical"], texts, gold)
+    assert (
+        said.startswith("50% [15%, 85%] of 4 tickets right")
+        and "keyword rules 100%" in said
+        and said.endswith("chance 33%")
+    ), said
+    with pytest.raises(ValueError, match="3 predictions, 4 texts, 4 labels"):
+        accuracy_beside_rules(["billing"] * 3, texts, ["billing"] * 4)
