@@ -1,20 +1,21 @@
 """Does the sample hold? Each group of rows is timed as notebooks 03 and 04 time it (``helpers.bench.sweep``: the
-middle block of every ``every``, alternating repeats, each block scaled to its stratum), then on all 600 tickets
-(``every=1``: nothing estimated), in the same process; the sample's repeats half before the full runs, half after,
-so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints each row's
-two rates and their ratio, and each group's verdict (its first row against the others) from both, by the series' one
-rule: at the default 2 rounds it can only say "within noise" or "no verdict at this size" (``--repeats 4 --whole 4``).
+block most like its stratum of every ``every``, alternating repeats, each block scaled to its stratum), then on all
+600 tickets (``every=1``: nothing estimated), in the same process; the sample's repeats half before the full runs,
+half after, so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints
+each row's two rates and their ratio, and each group's verdict (its first row against the others) from both, by the
+series' one rule (4 rounds each, as 03 and 04 run: ``--repeats 4 --whole 4``).
 
     python benchmarks/full_plan.py                    # 03's race: about 40 minutes on a slow 2-core CPU
     python benchmarks/full_plan.py --rows loop:1:3:16:18,sorted_prefix:16:3:16:18 --repeats 3
 
 Then, from the full runs alone, what the rule would have estimated had only the sample's blocks been timed, at
-this ``every`` and at 3 and 6: those blocks' seconds, scaled by the rule, against the whole's, in the same round. A
-drifting machine cannot bias that ratio, so it tests the rule itself.
+this ``every`` and at 3, 6 and 9: those blocks' seconds, scaled by the rule, against the whole's, in the same round;
+beside it, the same with each stratum's middle block (the rule before issue 69). A drifting machine cannot bias
+those ratios, so they test the rule itself.
 
 A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``); rows with the same
 shots, block and every form a group, timed together. The default is notebook 03's race at its default sample
-(zero-shot, the loop against sorted batches of 32, blocks of 32, every 9th).
+(zero-shot, the loop against sorted batches of 32, blocks of 32, strata of 9).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ DEFAULT_ROWS = "loop:1:0:32:9,sorted:32:0:32:9"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:batch:shots:block:every,... ({DEFAULT_ROWS})")
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds of the sample (default 2, as 03 and 04)")
-    parser.add_argument("--whole", type=int, default=2, help="timed rounds of all 600 tickets (default 2)")
+    parser.add_argument("--repeats", type=int, default=4, help="timed rounds of the sample (default 4, as 03 and 04)")
+    parser.add_argument("--whole", type=int, default=4, help="timed rounds of all 600 tickets (default 4)")
     parser.add_argument("--model", default="embedded")
     args = parser.parse_args()
     model, tokenizer, info = load_model(args.model)
@@ -72,21 +73,32 @@ def main() -> None:
             for where, rows in (("sample", sample), (f"all {POOL}", whole)):
                 print(f"  {where}: {rows[key].timing.verdict(rows[keys[0]].timing)}", flush=True)
         lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
-        for k in sorted({3, 6, every}):
+        for k in sorted({3, 6, 9, every}):
             blocks, strata = sample_blocks(lengths, block, k)
+            middle = [_middle(stratum, block) for stratum in strata]  # the rule before issue 69
             for key in keys:
                 w = whole[key]
                 position = {tuple(chunk): i for i, chunk in enumerate(w.blocks)}
-                rule = Row.plan(*key, lengths, (blocks, strata), cache.length if w.uses_prefix else 0)
-                ratios = [
-                    w.estimate(seconds) / rule.estimate([seconds[position[tuple(b)]] for b in rule.blocks])
-                    for seconds in w.block_seconds
-                ]
+                prefix = cache.length if w.uses_prefix else 0
+                said, timed = [], len(sum(blocks, []))
+                for picked in (blocks, middle):
+                    rule = Row.plan(*key, lengths, (picked, strata), prefix)
+                    ratios = [
+                        w.estimate(seconds) / rule.estimate([seconds[position[tuple(b)]] for b in rule.blocks])
+                        for seconds in w.block_seconds
+                    ]
+                    said.append(", ".join(f"{r:.3f}" for r in ratios))
                 print(
-                    f"  every {k}: {w.timing.name}, {len(rule.sample)} of {POOL} tickets' blocks in the whole run, "
-                    f"scaled by the rule / all = {', '.join(f'{r:.3f}' for r in ratios)} (each whole round)",
+                    f"  every {k}: {w.timing.name}, {timed} of {POOL} tickets' blocks in the whole run, "
+                    f"scaled by the rule / all = {said[0]} (each whole round); middle blocks: {said[1]}",
                     flush=True,
                 )
+
+
+def _middle(stratum: list[int], block: int) -> list[int]:
+    """The middle block of a stratum (its tickets in length order), the earlier of two."""
+    chunks = [stratum[start : start + block] for start in range(0, len(stratum), block)]
+    return chunks[(len(chunks) - 1) // 2]
 
 
 if __name__ == "__main__":

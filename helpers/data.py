@@ -175,7 +175,7 @@ def make_tickets(n: int = 600, seed: int = 0, style: str = "article") -> pd.Data
 def held_out_tickets() -> pd.DataFrame:
     """112 support tickets written by hand in everyday support language (none from ``make_tickets``, whose sentences
     they share no five words with), 37-38 per label, 6 to 69 words, columns ``text, label``: a held-out set to
-    measure accuracy on, never to fit on. No lesson builds it: benchmarks/head_curve.py reads it."""
+    measure accuracy on, never to fit on. Notebook 01, section 4 (and benchmarks/head_curve.py)."""
     from importlib.resources import files
 
     with files("helpers").joinpath("held_out_tickets.csv").open(encoding="utf-8") as handle:

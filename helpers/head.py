@@ -99,7 +99,7 @@ def check_plain_lm_head(model) -> None:
 
 class HeadScorer(LabelScorer):
     """A ``LabelScorer`` for a model whose LM head is a ``LabelHead`` (``LabelHead.installed``): each label is output
-    ``i``, one position, no tokens appended. No lesson builds it yet: ``classify --fit-head``."""
+    ``i``, one position, no tokens appended. No lesson builds it: ``classify --fit-head``."""
 
     def __init__(self, labels: Sequence[str]):  # no tokenizer: the labels are the head's outputs
         self.labels = check_labels(labels)
@@ -153,7 +153,7 @@ def _fit(start: LabelHead, states: torch.Tensor, targets: torch.Tensor, strength
 
 def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOLDS, steps: int = 100) -> float:
     """The pull's strength among ``STRENGTHS`` with the best held-out accuracy over ``folds`` folds of the labelled
-    rows (every row held out once), ties to the stronger pull. No lesson builds it yet: ``classify --fit-head``."""
+    rows (every row held out once), ties to the stronger pull. Notebook 01, section 5 (through ``fit_head``)."""
     order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(0))
     parts = [order[k::folds] for k in range(min(folds, len(targets)))]
     best, chosen = -1.0, STRENGTHS[0]

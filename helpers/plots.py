@@ -336,13 +336,14 @@ def plot_learning_curve(curve, references, info, path="learning_curve.png", chan
     sizes = sorted(curve["labelled"].unique())
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     named = {**references, **({"keyword rules (no model)": rules} if rules is not None else {})}
-    for k, (name, (accuracy, low, high)) in enumerate(named.items()):
-        color = "0.45" if name.startswith("keyword") else f"C{k + 1}"
+    colors = iter(["C1", "C2", "C4", "C5", "C6", "C8"])  # not C0 (the head) nor C3 (chance)
+    for name, (accuracy, low, high) in named.items():
+        color = "0.45" if name.startswith("keyword") else next(colors)
         ax.axhspan(100 * low, 100 * high, color=color, alpha=0.08, zorder=0)
         ax.axhline(100 * accuracy, color=color, ls="--", lw=1.2, label=f"{name}: {accuracy:.0%}")
-    spread = np.linspace(-0.06, 0.06, int(curve["draw"].max()) + 1)  # draws side by side at each size
-    for row in curve.itertuples():
-        x = row.labelled * 10 ** spread[row.draw]
+    draws = curve.groupby("labelled")["draw"].transform("count")
+    for row, count in zip(curve.itertuples(), draws):
+        x = row.labelled * 10 ** (0.12 * (row.draw / max(1, count - 1) - 0.5) if count > 1 else 0)  # side by side
         ax.errorbar(
             [x],
             [100 * row.accuracy],

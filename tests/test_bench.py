@@ -53,17 +53,15 @@ def test_a_fixed_cost_per_call_is_scaled_by_the_calls_it_stands_for_on_a_long_ta
     by more than the stratum's tickets. A loop that is mostly fixed cost, on the article's long-tailed lengths."""
     lengths = [40 + len(text.split()) for text in make_tickets(600, seed=0, style="article")["text"]]
     per_call, per_token = 200.0, 1.0
-    for every in (9, 12, 18):  # 03's and 04's strata at the default scale among them
-        sample = sample_blocks(lengths, block=32, every=every)
+    for block, every in ((32, 9), (32, 12), (32, 18), (16, 18)):  # 03's (32, 9) and 04's (16, 18) default samples
+        sample = sample_blocks(lengths, block=block, every=every)
         row = Row.plan("loop", 1, lengths, sample)
         truth = sum(per_call + per_token * n for n in lengths)
         timed = [sum(per_call + per_token * lengths[i] for i in chunk) for chunk in row.blocks]
         off = abs(row.estimate(timed) / truth - 1)
         assert off < 0.025, f"every={every}: {off:.1%} off"
-        middle = [
-            stratum_blocks[(len(stratum_blocks) - 1) // 2]
-            for stratum_blocks in ([stratum[k : k + 32] for k in range(0, len(stratum), 32)] for stratum in sample[1])
-        ]
+        cut = [[stratum[k : k + block] for k in range(0, len(stratum), block)] for stratum in sample[1]]
+        middle = [chunks[(len(chunks) - 1) // 2] for chunks in cut]
         tokens = lambda items: sum(lengths[i] for i in items)  # noqa: E731
         by_middle = sum(
             sum(per_call + per_token * lengths[i] for i in chunk) * tokens(stratum) / tokens(chunk)

@@ -190,7 +190,7 @@ def test_the_lessons_race_says_why_it_did_not_run(embedded, monkeypatch, few_sho
 
 @needs_engine
 def test_the_lessons_race_times_a_sample_scaled_to_the_whole_and_compares_its_labels(embedded, few_shot):
-    """04's Going deeper: 64 tickets in 4 sorted batches of 16, every 4th batch timed (the middle one), scaled to 64."""
+    """04's Going deeper: 64 tickets in 4 sorted batches of 16, the one most like them timed, scaled to 64."""
     model, tokenizer, _ = embedded
     prompts = [build_prompt(tokenizer, text, LABELS, few_shot) for text in make_tickets(64, style="article")["text"]]
     raced = race(model, tokenizer, prompts, LABELS, few_shot, model_name="embedded", every=4, rounds=1)
