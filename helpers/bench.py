@@ -48,9 +48,13 @@ def _most_like(stratum: list[list[int]], lengths: Sequence[int]) -> list[int]:
     """The block of ``stratum`` whose mean length is nearest the stratum's, the middle one among equals. Scaled by
     tokens, a block shorter than its stratum's mean would also scale its fixed cost per call (per ticket, for the loop)
     by more than the stratum's calls: the middle block of the long tail's stratum is such a block."""
-    mean = lambda chunk: float(np.mean([lengths[i] for i in chunk]))  # noqa: E731
-    whole, middle = float(np.mean([lengths[i] for chunk in stratum for i in chunk])), (len(stratum) - 1) / 2
-    return min(stratum, key=lambda chunk: (round(abs(mean(chunk) - whole), 6), abs(stratum.index(chunk) - middle)))
+    whole = float(np.mean([lengths[i] for chunk in stratum for i in chunk]))
+    middle = (len(stratum) - 1) / 2
+
+    def unlike(k: int) -> tuple[float, float]:  # block k's mean length from the stratum's, then from its middle
+        return round(abs(float(np.mean([lengths[i] for i in stratum[k]])) - whole), 6), abs(k - middle)
+
+    return stratum[min(range(len(stratum)), key=unlike)]
 
 
 def processed_tokens(lengths: Sequence[int], items: Sequence[int], strategy: str, batch_size: int) -> int:

@@ -118,7 +118,9 @@ def accuracy_beside_rules(predictions, texts, gold) -> str:
     """What a lesson that times a classifier says of it: its accuracy on the tickets it scored, with the 95 % interval,
     beside the keyword rules' on the same tickets and chance. One item each of ``predictions``, ``texts`` and
     ``gold``. Notebook 02, summary (and 03's, 04's ladder)."""
-    predictions, texts, gold = list(predictions), list(texts), list(gold)
+    predictions = list(predictions)
+    texts = list(texts)
+    gold = list(gold)
     if not len(predictions) == len(texts) == len(gold) or not gold:
         raise ValueError(f"{len(predictions)} predictions, {len(texts)} texts, {len(gold)} labels: give one of each")
     right, rules = (sum(p == g for p, g in zip(said, gold)) for said in (predictions, map(keyword_label, texts)))
