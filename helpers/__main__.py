@@ -136,8 +136,10 @@ def run_classify(args) -> int:
     from .classify import classify_file
 
     classify_file(**_keywords(args))
-    # Left to shutdown, gloo's threads can abort a finished process ("terminate called without an active exception").
+    # Left to shutdown, gloo's threads can abort a finished process ("terminate called without an active exception");
+    # the barrier first, so that no process closes its connections while another still reads from them.
     if group := _process_group():
+        group.barrier()
         group.destroy_process_group()
     return 0
 

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from helpers.data import LABELS, build_prompt
 from helpers.prior import calibrated, content_free_prior
 from helpers.scoring import LabelScorer, score_one_by_one
 from helpers.tables import prediction_columns
+from tests.test_resume import TORCHRUN, what_the_processes_said
 
 TINY = ["--model", "twin:tiny-qwen2", "--quiet"]
 LABEL_ARGS = ["--labels", "billing,technical,account"]
@@ -190,7 +190,6 @@ def test_tickets_longer_than_the_context_fail_or_are_cut_with_a_count(tmp_path, 
     assert len(pd.read_csv(out)) == 3, "output row count equals input row count"
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 
 
 @pytest.mark.parametrize("n_rows", [5, 1], ids=["5_rows", "1_row"])
@@ -222,7 +221,7 @@ def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows, capsys):
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, what_the_processes_said(done.stderr)
     assert "2 process(es)" in done.stderr
     one, two = pd.read_csv(single, dtype=str), pd.read_csv(double, dtype=str)
     assert len(two) == len(one) == n_rows

@@ -20,7 +20,7 @@ from helpers.prefix_cache import PrefixCache
 from helpers.prior import prior_scope
 from helpers.scoring import LabelScorer, score_one_by_one
 from tests.conftest import prompts_for
-from tests.test_resume import ENV, KILLER, TORCHRUN
+from tests.test_resume import ENV, KILLER, TORCHRUN, what_the_processes_said
 
 TINY = ["--model", "twin:tiny-qwen2", "--quiet"]
 LABEL_ARGS = ["--labels", ",".join(LABELS)]
@@ -220,5 +220,5 @@ def test_a_head_run_resumes_and_runs_on_two_processes_with_the_same_output(tmp_p
     two = tmp_path / "two.csv"
     done = subprocess.run([*TORCHRUN, "--master_port", "29573", "-m", "helpers", "classify", str(first), "--output",
                            str(two), *options], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, what_the_processes_said(done.stderr)
     same_output(tmp_path / "whole.csv", two)
