@@ -190,8 +190,6 @@ def test_tickets_longer_than_the_context_fail_or_are_cut_with_a_count(tmp_path, 
     assert len(pd.read_csv(out)) == 3, "output row count equals input row count"
 
 
-
-
 @pytest.mark.parametrize("n_rows", [5, 1], ids=["5_rows", "1_row"])
 def test_two_processes_match_one_process_row_by_row(tmp_path, n_rows, capsys):
     """Uneven shares (3 + 2 rows; 1 + 0 rows) come back as one output equal to the single-process one."""

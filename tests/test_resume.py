@@ -22,6 +22,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "
 def what_the_processes_said(stderr: str) -> str:
     """A launch's stderr before the launcher's own report, whose traceback would push the processes' words out."""
     return stderr.split("elastic/multiprocessing/api.py")[0][-3000:]
+
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "SLM_DEVICE": "cpu"}
 LABELS = ["billing", "technical", "account"]
 PROBABILITIES = [f"{kind}_{label}" for kind in ("p", "raw_p") for label in LABELS]
