@@ -23,7 +23,7 @@ from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
 from .data import encode_prompts, uses_chat_template
 from .engine import Engine, check_golden_set, run_in_chunks, start_engine
-from .head import FOLDS, HeadScorer, LabelHead, answer_states, fit_head, load_head, save_head
+from .head import FOLDS, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
     calibration_rows,
     choose_half,
@@ -33,7 +33,7 @@ from .precision import (
     score_verified,
     settle_job_prior,
 )
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, prefix_length
 from .prior import PRIORS, Prior, calibrated, content_free_prior, mean_prior, sample_prior, save_prior
 from .processes import Processes
 from .profile import machine_profile
@@ -355,7 +355,7 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
         head = head or group.decide(lambda: _fitted_head(passes, job, options, tell))
         stack.enter_context(head.installed(model))
-        passes.scorer = HeadScorer(job.labels)
+        passes.scorer = head.scorer()
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
     passes.engine = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
     if cut:
@@ -502,9 +502,9 @@ def _scope_files(job: Job, options: Options, tokenizer, scorer) -> tuple[Prior |
 
 
 def _fitted_head(passes: Passes, job: Job, options: Options, tell) -> LabelHead:
-    """``--fit-head``: the labels' LM-head rows fitted to the labelled rows' hidden states at the answer position, in
-    this job's prompt (its examples and format), kept beside the progress files (a resumed run reads it back) and
-    saved with ``--save-head``. Rank 0's, said in one line."""
+    """``--fit-head``: the labels' LM-head rows fitted to the labelled rows' mean hidden states over their own
+    tokens, in this job's prompt (its examples and format), kept beside the progress files (a resumed run reads it
+    back) and saved with ``--save-head``. Rank 0's, said in one line."""
     kept, labelled = resume.head_path(job.output), _labelled_digest(job)
     with contextlib.suppress(ValueError):  # none kept, or another job's: fitted anew
         head = load_head(kept, job.scope)
@@ -531,10 +531,14 @@ def _fit_labelled(passes: Passes, job: Job, options: Options, tell) -> LabelHead
     prompts, cut = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit)
     if cut:
         tell(f"--fit-head: cut {len(cut)} labelled row(s) to fit the context: {rows_text(cut, limit=10)}")
-    states = answer_states(passes.model, tokenizer, prompts, passes.plan["batch_size"])
-    head = fit_head(LabelHead.from_lm_head(passes.model, passes.scorer), states, [label for _, label in job.labelled])
+    # The head reads the mean final state over each ticket's own tokens (after the shared prefix): on the hand-written
+    # tickets it beats the answer position alone (docs/classify.md).
+    ticket = prefix_length(tokenizer, labels=job.labels, examples=job.examples)
+    states = answer_states(passes.model, tokenizer, prompts, passes.plan["batch_size"], mean_from=ticket)
+    gold = [label for _, label in job.labelled]
+    head = fit_head(LabelHead.from_lm_head(passes.model, passes.scorer), states, gold, mean_from=ticket)
     info = head.info
-    fitted = f"a label head fitted on {info['fitted_on']} labelled rows of {options.fit_head}"
+    fitted = f"a label head (on each row's mean state) fitted on {info['fitted_on']} rows of {options.fit_head}"
     pull = f"pull towards the LM head's rows {info['strength']:g}, by {FOLDS}-fold cross-validation"
     tell(f"{fitted} ({pull}; {info['training_accuracy']:.0%} of its own rows right): it scores every row")
     return head

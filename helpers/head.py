@@ -6,8 +6,11 @@ token's row), add a bias per label (the label prior is exactly such a shift), an
 hidden state that, before any fitting, gives the zero-shot scorer's first-token labels. ``fit_head`` fits it to
 labelled rows as a logistic regression held near those rows (an L2 pull towards them, its strength chosen by
 cross-validation on the labelled rows), so that tens of labelled tickets move it where hundreds would be needed from
-zero. Scoring with it is one forward pass per row, on the prefix cache and in any batching, with no label tokens
-appended: ``LabelHead.installed`` puts it in the LM head's place and ``HeadScorer`` reads its outputs."""
+zero. A fitted head can also read the mean of the final hidden states over the ticket's own tokens (``mean_from``: the
+shared prefix's length) instead of the answer position alone: the ticket's words are spread over its positions, and on
+the hand-written tickets the mean reads better (docs/classify.md). Scoring with it is one forward pass per row, on the
+prefix cache and in any batching, with no label tokens appended: ``LabelHead.installed`` puts it in the LM head's
+place and ``HeadScorer`` reads its outputs (a head is linear: the mean of its outputs is its output on the mean)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch
 
 from .batching import plan_batches
 from .data import encode_prompts
-from .scoring import LabelScorer, check_labels, pad_left
+from .scoring import LabelScorer, check_labels, mean_over, pad_left
 
 # The pull towards the LM head's rows, as a multiple of the data term's scale (below): the candidates cross-validation
 # chooses among, strongest first (ties go to the stronger pull, the smaller change).
@@ -32,14 +35,16 @@ FOLDS = 5  # cross-validation folds (at most one per labelled row)
 
 @dataclass
 class LabelHead:
-    """One row and one bias per label, on the model's final hidden state at the answer position; ``start``: the LM
-    head's rows it was fitted from (the pull's centre); ``info``: how it was fitted."""
+    """One row and one bias per label, on the model's final hidden state at the answer position, or (``mean_from`` K)
+    on its mean over the prompt's positions from K on; ``start``: the LM head's rows it was fitted from (the pull's
+    centre); ``info``: how it was fitted."""
 
     labels: list[str]
     weight: torch.Tensor  # (labels, hidden), float32
     bias: torch.Tensor  # (labels,)
     start: torch.Tensor | None = None
     info: dict = field(default_factory=dict)
+    mean_from: int | None = None
 
     @classmethod
     def from_lm_head(cls, model, scorer: LabelScorer) -> LabelHead:
@@ -78,9 +83,13 @@ class LabelHead:
             model.set_output_embeddings(lm_head)
 
     def digest(self) -> str:
-        """A short digest of the head's numbers (a resumed run's fingerprint)."""
-        numbers = torch.cat([self.weight.flatten(), self.bias]).numpy().tobytes()
+        """A short digest of the head's numbers and what it reads (a resumed run's fingerprint)."""
+        numbers = torch.cat([self.weight.flatten(), self.bias]).numpy().tobytes() + repr(self.mean_from).encode()
         return hashlib.sha256(numbers).hexdigest()[:16]
+
+    def scorer(self) -> HeadScorer:
+        """The ``LabelScorer`` that reads this head's outputs where it is installed."""
+        return HeadScorer(self.labels, self.mean_from)
 
 
 # Config entries of models whose forward transforms the LM head's logits (Gemma's soft cap, Granite's and Cohere's
@@ -101,8 +110,8 @@ class HeadScorer(LabelScorer):
     """A ``LabelScorer`` for a model whose LM head is a ``LabelHead`` (``LabelHead.installed``): each label is output
     ``i``, one position, no tokens appended. No lesson builds it: ``classify --fit-head``."""
 
-    def __init__(self, labels: Sequence[str]):  # no tokenizer: the labels are the head's outputs
-        self.labels = check_labels(labels)
+    def __init__(self, labels: Sequence[str], mean_from: int | None = None):  # no tokenizer: the head's outputs
+        self.labels, self.mean_from = check_labels(labels), mean_from
         self.label_ids = self.token_ids = [[i] for i in range(len(self.labels))]
         self.first_ids = list(range(len(self.labels)))
         self.overlaps, self.end_ids = [], []  # no tokens: nothing extends another, no end-of-answer marker
@@ -113,13 +122,17 @@ class HeadScorer(LabelScorer):
         self.tail_targets = self.tail_label = self.tail_offsets = torch.zeros(0, dtype=torch.long)
 
     def describe(self) -> str:
-        return f"a fitted label head over {len(self.labels)} labels, one position per row"
+        where = "one position" if self.mean_from is None else f"the mean of positions {self.mean_from} on"
+        return f"a fitted label head over {len(self.labels)} labels, {where} per row"
 
 
 @torch.no_grad()  # not inference_mode: fitting takes these states into autograd
-def answer_states(model, tokenizer, prompts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
+def answer_states(
+    model, tokenizer, prompts: Sequence[str], batch_size: int = 16, mean_from: int | None = None
+) -> torch.Tensor:
     """The final hidden state (after the last norm: what the LM head reads) at each prompt's last position, the answer
-    position, in sorted batches: (prompts, hidden), float32, on the CPU. Notebook 01, section 5."""
+    position, or (``mean_from`` K) its mean over the positions from K on, in sorted batches: (prompts, hidden),
+    float32, on the CPU. Notebook 01, section 5."""
     rows = encode_prompts(tokenizer, prompts)
     states = torch.zeros((len(rows), model.get_output_embeddings().weight.shape[1]))
     for batch in plan_batches([len(row) for row in rows], "sorted", batch_size):
@@ -127,7 +140,11 @@ def answer_states(model, tokenizer, prompts: Sequence[str], batch_size: int = 16
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
         out = model.base_model(**{key: value.to(model.device) for key, value in inputs.items()}, use_cache=False)
-        states[batch] = out.last_hidden_state[:, -1].float().cpu()
+        hidden = out.last_hidden_state.float()
+        if mean_from is None:
+            states[batch] = hidden[:, -1].cpu()
+        else:
+            states[batch] = mean_over(hidden, mask, positions, mean_from).cpu()
     return states
 
 
@@ -148,7 +165,7 @@ def _fit(start: LabelHead, states: torch.Tensor, targets: torch.Tensor, strength
 
     with torch.enable_grad():
         optimiser.step(loss)
-    return LabelHead(start.labels, weight.detach(), bias.detach(), centre, dict(strength=strength))
+    return LabelHead(start.labels, weight.detach(), bias.detach(), centre, dict(strength=strength), start.mean_from)
 
 
 def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOLDS, steps: int = 100) -> float:
@@ -169,9 +186,12 @@ def cross_validated_strength(start: LabelHead, states, targets, folds: int = FOL
     return chosen
 
 
-def fit_head(start: LabelHead, states: torch.Tensor, gold: Sequence[str], strength: float | None = None) -> LabelHead:
-    """``start`` (``LabelHead.from_lm_head``) fitted to labelled rows: their ``answer_states`` and labels. Every label
-    needs a row; ``strength`` None: chosen by ``cross_validated_strength``. Notebook 01, section 5."""
+def fit_head(
+    start: LabelHead, states: torch.Tensor, gold: Sequence[str], strength: float | None = None, mean_from=None
+) -> LabelHead:
+    """``start`` (``LabelHead.from_lm_head``) fitted to labelled rows: their ``answer_states`` (``mean_from``: as they
+    were read) and labels. Every label needs a row; ``strength`` None: chosen by ``cross_validated_strength``.
+    Notebook 01, section 5."""
     gold = list(gold)
     if len(gold) != len(states):
         raise ValueError(f"{len(states)} hidden states but {len(gold)} labels: give one label per labelled row")
@@ -185,6 +205,7 @@ def fit_head(start: LabelHead, states: torch.Tensor, gold: Sequence[str], streng
     fitted = _fit(start, states, targets, chosen, steps=200)
     accuracy = float((fitted.logits(states).argmax(-1) == targets).float().mean())
     fitted.info = dict(fitted_on=len(gold), strength=chosen, training_accuracy=accuracy)
+    fitted.mean_from = mean_from
     return fitted
 
 
@@ -197,6 +218,7 @@ def save_head(head: LabelHead, path: str | Path, scope: dict) -> None:
         bias=head.bias.tolist(),
         start=head.start.tolist() if head.start is not None else None,
         info=head.info,
+        mean_from=head.mean_from,
         valid_for=scope,
     )
     Path(path).write_text(json.dumps(saved) + "\n", encoding="utf-8")
@@ -209,7 +231,8 @@ def load_head(path: str | Path, scope: dict) -> LabelHead:
     try:
         saved = json.loads(Path(path).read_text(encoding="utf-8"))
         weight, bias = torch.tensor(saved["weight"]), torch.tensor(saved["bias"])
-        head = LabelHead(list(saved["labels"]), weight, bias, None, dict(saved.get("info") or {}))
+        reads = saved.get("mean_from")  # absent in a head that reads the answer position
+        head = LabelHead(list(saved["labels"]), weight, bias, None, dict(saved.get("info") or {}), reads)
         made_for = dict(saved["valid_for"])
     except FileNotFoundError:
         raise ValueError(f"{path}: no such head file") from None
@@ -217,6 +240,8 @@ def load_head(path: str | Path, scope: dict) -> LabelHead:
         raise ValueError(f"{path}: not a readable JSON file ({error})") from None
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"{path}: not a head file ({'no key ' * isinstance(error, KeyError)}{error})") from None
+    if not (reads is None or (isinstance(reads, int) and reads >= 0)):
+        raise ValueError(f"{path}: not a head file (mean_from {reads!r}: a position, or null)")
     if weight.ndim != 2 or weight.shape[0] != len(head.labels) or bias.shape != (len(head.labels),):
         raise ValueError(f"{path}: not a head file (weight {tuple(weight.shape)}, bias {tuple(bias.shape)})")
     for key, now in scope.items():

@@ -35,6 +35,11 @@ def find_prefix_text(tokenizer, **prompt_options) -> str:
     return common_prefix([build_prompt(tokenizer, ticket, **prompt_options) for ticket in ("A", "Z")]).rstrip(" ")
 
 
+def prefix_length(tokenizer, **prompt_options) -> int:
+    """How many tokens of every ``build_prompt`` prompt the shared prefix holds: where a ticket's own tokens start."""
+    return len(encode_prompt(tokenizer, find_prefix_text(tokenizer, **prompt_options)))
+
+
 def split_is_clean(tokenizer, prefix_text: str, prompt: str) -> bool:
     """Whether the whole prompt's tokens start with exactly the prefix's tokens and go on after them: then the rest, run
     after the cached prefix, is the plain path's input (``PrefixCache.split``'s rule). Notebook 02, section 2."""

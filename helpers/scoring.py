@@ -242,6 +242,13 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return input_ids, attention_mask
 
 
+def mean_over(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
+    """The mean of ``values`` (rows, width, size) over each row's real tokens at positions ``start`` on (a fitted
+    head's ``mean_from``: the ticket's own tokens, after the shared prefix)."""
+    kept = (mask.bool() & (positions >= start)).to(values.device)[..., None]
+    return (values * kept).sum(1) / kept.sum(1)
+
+
 def _tree_mask(mask: torch.Tensor, scorer: LabelScorer, past_length: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive 4D mask (rows, 1, width, past + width) of ``LabelScorer.visible_keys``, for several label branches."""
     allowed = scorer.visible_keys(mask, past_length)
@@ -272,6 +279,9 @@ def label_log_probs(model, scorer: LabelScorer, rows: Sequence[Sequence[int]], p
         attention = torch.cat([torch.ones((batch, past_length), dtype=mask.dtype), mask], dim=-1)
     inputs = dict(input_ids=ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device))
     cache = prefix.cache_for_batch(batch) if prefix is not None else None
+    if (mean_from := getattr(scorer, "mean_from", None)) is not None:  # a head reading the mean: a few labels wide
+        logits = model(**inputs, cache=cache, use_cache=False, logits_to_keep=0).logits.float()
+        return torch.log_softmax(mean_over(logits, mask, positions, mean_from), dim=-1).cpu()
     # only the last 1 + tail positions: a (rows x length x vocabulary) logits tensor would be huge
     out = model(**inputs, cache=cache, use_cache=False, logits_to_keep=1 + tail)
     logp = torch.log_softmax(out.logits.float(), dim=-1)

@@ -14,9 +14,9 @@ from helpers import classify, models, resume
 from helpers.__main__ import main
 from helpers.batching import Batching, score_batched
 from helpers.checks import float_tolerance
-from helpers.data import LABELS, make_tickets
+from helpers.data import LABELS, encode_prompt, make_tickets
 from helpers.head import STRENGTHS, HeadScorer, LabelHead, answer_states, fit_head, load_head, save_head
-from helpers.prefix_cache import PrefixCache
+from helpers.prefix_cache import PrefixCache, prefix_length
 from helpers.prior import prior_scope
 from helpers.scoring import LabelScorer, score_one_by_one
 from tests.conftest import prompts_for
@@ -42,19 +42,43 @@ def test_the_unfitted_head_is_the_first_token_scorer_over_the_labels(tiny_llama,
     assert model.get_output_embeddings().weight.shape[0] > len(LABELS), "the LM head is put back"
 
 
+@pytest.mark.parametrize("reads", ["answer", "mean"])
 @pytest.mark.parametrize("how", ["sorted", "arbitrary", "token_budget"])
-def test_a_head_gives_each_row_the_one_at_a_time_result_on_every_path(tiny_qwen, tickets, few_shot, how):
+def test_a_head_gives_each_row_the_one_at_a_time_result_on_every_path(tiny_qwen, tickets, few_shot, how, reads):
     model, tokenizer, _ = tiny_qwen
     prompts = prompts_for(tokenizer, tickets["text"][:10], few_shot)
     start = LabelHead.from_lm_head(model, LabelScorer(tokenizer, LABELS))
-    head = LabelHead(LABELS, start.weight + 0.01 * torch.randn(start.weight.shape), torch.tensor([0.2, -0.1, 0.0]))
     prefix = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=few_shot)
+    mean_from = prefix.length if reads == "mean" else None
+    weight, bias = start.weight + 0.01 * torch.randn(start.weight.shape), torch.tensor([0.2, -0.1, 0.0])
+    head = LabelHead(LABELS, weight, bias, mean_from=mean_from)
     with head.installed(model):
-        reference = score_one_by_one(model, tokenizer, HeadScorer(LABELS), prompts, progress=False)
+        reference = score_one_by_one(model, tokenizer, head.scorer(), prompts, progress=False)
         batching = Batching(how, 3, 600 if how == "token_budget" else None)
-        batched = score_batched(model, tokenizer, HeadScorer(LABELS), prompts, batching, prefix=prefix, progress=False)
+        batched = score_batched(model, tokenizer, head.scorer(), prompts, batching, prefix=prefix, progress=False)
     assert batched.predictions == reference.predictions
     assert torch.allclose(batched.log_scores, reference.log_scores, rtol=0, atol=float_tolerance(reference))
+
+
+def test_a_head_on_the_mean_reads_the_mean_final_state_over_the_tickets_own_tokens(tiny_qwen, tickets, few_shot):
+    """The mean state, by hand from one prompt's full forward, is ``answer_states``'s; the installed head's scores are
+    the head applied to it (a linear head: the mean of its outputs is its output on the mean)."""
+    model, tokenizer, _ = tiny_qwen
+    prompts = prompts_for(tokenizer, tickets["text"][:4], few_shot)
+    ticket = prefix_length(tokenizer, labels=LABELS, examples=few_shot)
+    states = answer_states(model, tokenizer, prompts, batch_size=3, mean_from=ticket)
+    for prompt, state in zip(prompts, states):
+        ids = torch.tensor([encode_prompt(tokenizer, prompt)])
+        with torch.no_grad():
+            by_hand = model.base_model(input_ids=ids).last_hidden_state[0, ticket:].mean(0)
+        assert torch.allclose(state, by_hand, atol=1e-5)
+    assert not torch.allclose(states, answer_states(model, tokenizer, prompts), atol=1e-3), "not the answer position"
+    start = LabelHead.from_lm_head(model, LabelScorer(tokenizer, LABELS))
+    head = LabelHead(LABELS, start.weight, torch.tensor([0.3, 0.0, -0.2]), mean_from=ticket)
+    with head.installed(model):
+        scores = score_batched(model, tokenizer, head.scorer(), prompts, "sorted", batch_size=3, progress=False)
+    expected = torch.log_softmax(head.logits(states), dim=-1)
+    assert torch.allclose(scores.log_scores, expected, atol=1e-4)
 
 
 def test_the_answer_state_is_what_the_lm_head_reads(tiny_qwen, tickets):
@@ -123,7 +147,7 @@ def test_a_saved_head_gives_a_later_job_the_labels_the_fitted_run_gives(tmp_path
     code, err = run([str(first), *LABEL_ARGS, "--output", str(tmp_path / "a.csv"), *fit, "--save-head", str(head_file)],
                     capsys)  # fmt: skip
     assert code == 0, err
-    assert "a label head fitted on 30 labelled rows of" in err and f"head saved to {head_file}" in err, err
+    assert "fitted on 30 rows of" in err and f"head saved to {head_file}" in err, err
     assert "prior (" not in err, "a head's bias is its prior: no other is divided out by default"
     code, err = run([str(second), *LABEL_ARGS, "--output", str(tmp_path / "fitted.csv"), *fit], capsys)
     assert code == 0, err
@@ -136,6 +160,8 @@ def test_a_saved_head_gives_a_later_job_the_labels_the_fitted_run_gives(tmp_path
     assert (fitted["confidence"] - saved["confidence"]).abs().max() < 1e-5
     head = load_head(head_file, json.loads(head_file.read_text())["valid_for"])
     assert head.labels == list(LABELS) and head.weight.shape[0] == 3 and head.info["fitted_on"] == 30
+    tokenizer = models.load_model("twin:tiny-qwen2", verbose=False)[1]
+    assert head.mean_from == prefix_length(tokenizer, labels=LABELS), "it reads the mean over each row's own tokens"
 
 
 def same_output(one, two) -> None:
