@@ -108,7 +108,8 @@ def check_plain_lm_head(model) -> None:
 
 class HeadScorer(LabelScorer):
     """A ``LabelScorer`` for a model whose LM head is a ``LabelHead`` (``LabelHead.installed``): each label is output
-    ``i``, one position, no tokens appended. No lesson builds it: ``classify --fit-head``."""
+    ``i``, read at the answer position or (``mean_from``) averaged over the ticket's own, no tokens appended. No lesson
+    builds it: ``classify --fit-head``."""
 
     def __init__(self, labels: Sequence[str], mean_from: int | None = None):  # no tokenizer: the head's outputs
         self.labels, self.mean_from = check_labels(labels), mean_from
