@@ -36,7 +36,8 @@ def find_prefix_text(tokenizer, **prompt_options) -> str:
 
 
 def prefix_length(tokenizer, **prompt_options) -> int:
-    """How many tokens of every ``build_prompt`` prompt the shared prefix holds: where a ticket's own tokens start."""
+    """How many tokens of every ``build_prompt`` prompt the shared prefix holds: where a ticket's own tokens start
+    (``PrefixCache.length``, without a model). No lesson builds it: ``classify --fit-head``'s ``mean_from``."""
     return len(encode_prompt(tokenizer, find_prefix_text(tokenizer, **prompt_options)))
 
 

@@ -244,7 +244,8 @@ def pad_left(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 
 def mean_over(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
     """The mean of ``values`` (rows, width, size) over each row's real tokens at positions ``start`` on (a fitted
-    head's ``mean_from``: the ticket's own tokens, after the shared prefix)."""
+    head's ``mean_from``: the ticket's own tokens, after the shared prefix). No lesson builds it: ``answer_states`` and
+    ``label_log_probs`` under a head that reads the mean (notebook 01, section 5, calls the first)."""
     kept = (mask.bool() & (positions >= start)).to(values.device)[..., None]
     return (values * kept).sum(1) / kept.sum(1)
 
