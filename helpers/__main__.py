@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except KeyboardInterrupt:  # one line; while classify scores, classify.Stopped says what it kept instead
+        print("error: interrupted", file=sys.stderr)
+        return 130
     except ImportError as error:  # a sub-command imports its requirements as it runs (check itself needs none)
         print(f"error: {error}: python -m helpers check lists what is missing, with each fix", file=sys.stderr)
         return 2

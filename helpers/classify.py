@@ -22,7 +22,7 @@ from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
 from .data import encode_prompts, uses_chat_template
-from .engine import Engine, check_golden_set, run_in_chunks, start_engine
+from .engine import Engine, EngineError, check_golden_set, run_in_chunks, start_engine
 from .head import FOLDS, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
     calibration_rows,
@@ -622,10 +622,18 @@ def _score_share(
     bar = tqdm(total=done + len(mine), initial=done, desc="classify", disable=not bar_on)
     try:
         run = passes.share(mine, _lander(writer, scored, bar), writer.bound)
+    except (EngineError, KeyboardInterrupt) as error:  # a dead, hung or interrupted run: say what it kept
+        why = str(error).splitlines()[0] if str(error) else "interrupted"
+        kept = f"{done + len(scored)} of the job's rows are kept in {output.name}'s progress files"
+        raise Stopped(f"{why}; {kept}: rerun the same command to resume") from error
     finally:
         writer.close()
         bar.close()
     return scored, run
+
+
+class Stopped(RuntimeError):
+    """A run stopped part-way (its engine failed, or Ctrl-C): one line saying why and how many rows it kept."""
 
 
 def _known_prior(group: Processes, passes: Passes, job: Job, progress: Progress, bar_on: bool):

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,10 @@ CHUNK_ROWS = 64  # rows per request to the engine: each chunk lands in the progr
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU build takes most of the free memory for its cache otherwise (and a minute)
 GPU_SHARE = 0.5  # of a GPU's memory for the engine: the package's float32 model (golden set, --verify) shares it
 WORKER = Path(__file__).with_name("engine_worker.py")
+# How long an answer may take before the engine counts as hung (a stopped or deadlocked process answers nothing, and
+# a bare read would wait for ever): ``WAIT_MARGIN`` times the slowest seconds per prompt token it has answered at so
+# far, at least ``WAIT_FLOOR``; ``FIRST_WAIT`` before its first answer, which also warms it up.
+FIRST_WAIT, WAIT_FLOOR, WAIT_MARGIN = 900.0, 60.0, 10.0
 
 
 class EngineError(InputError):
@@ -103,6 +109,7 @@ class Engine:
         check_dtype(engine, dtype)
         self.name, self.dtype, self.folder, self.scorer = engine, dtype, str(folder), scorer
         self.branches, self.version, self.seconds, self.failed = label_branches(scorer.token_ids), None, None, False
+        self.per_token = None  # the slowest seconds per prompt token of an answer so far: the next wait's scale
         self.python = python = engine_python(engine)
         handle, name = tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")
         os.close(handle)
@@ -125,7 +132,16 @@ class Engine:
             self.process.stdin.write(json.dumps(message) + "\n")
             self.process.stdin.flush()
 
-    def _receive(self, doing: str) -> dict:
+    def _receive(self, doing: str, wait: float | None = None) -> dict:
+        """The engine's next answer; ``wait``: seconds before a silent engine counts as hung (None: no limit)."""
+        if wait is not None and not self._answers_within(wait):
+            self.failed = True
+            self.process.kill()  # a stopped process ignores its closed input
+            self.close()
+            raise EngineError(
+                f"--engine {self.name} {doing}: no answer in {wait:.0f} s, the process was running "
+                f"but silent (hung or stopped), so it was killed (its log: {self.log})"
+            )
         line = self.process.stdout.readline()
         answer = json.loads(line) if line.strip() else {"error": f"the engine process ended ({self._last_log_line()})"}
         if "error" in answer:
@@ -138,6 +154,22 @@ class Engine:
                 )
             raise EngineError(f"--engine {self.name} {doing}: {answer['error']} (its log: {self.log})")
         return answer
+
+    def _answers_within(self, seconds: float) -> bool:
+        """Whether an answer (or the process's end, which ``_receive`` reads as one) comes within ``seconds``: the
+        answer stream is watched, and the process checked for life, once a second."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.process.stdout], [], [], min(left, 1.0))
+            if readable or self.process.poll() is not None:
+                return True
+        return False
+
+    def wait_for(self, tokens: int) -> float:
+        """Seconds to wait for the answer to a request of ``tokens`` prompt tokens (``FIRST_WAIT`` and its kin)."""
+        if self.per_token is None:
+            return FIRST_WAIT
+        return max(WAIT_FLOOR, WAIT_MARGIN * self.per_token * tokens)
 
     def _last_log_line(self) -> str:
         lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
@@ -153,8 +185,11 @@ class Engine:
     def log_scores(self, prompt_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Every label's log-score for each prompt (token ids), in the prompts' order: [prompts, labels]."""
         self.ready()
+        tokens, started = sum(len(ids) for ids in prompt_ids), time.monotonic()
         self._send({"prompts": [list(map(int, ids)) for ids in prompt_ids]})
-        answer = self._receive("failed while scoring")
+        answer = self._receive(f"failed while scoring {len(prompt_ids)} prompts", self.wait_for(tokens))
+        per_token = (time.monotonic() - started) / max(tokens, 1)
+        self.per_token = max(self.per_token or 0.0, per_token)
         if "label_logprobs" in answer:  # method="prompt_logprobs" sums each label's tokens itself
             return torch.tensor(answer["label_logprobs"]) / (self.scorer.lengths if self.scorer.normalize else 1)
         answers = answer["logprobs"]

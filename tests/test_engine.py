@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from types import SimpleNamespace
 
 import pandas as pd
@@ -219,3 +220,86 @@ def test_more_than_twenty_labels_are_scored_as_the_package_scores_them(embedded)
     expected = run_plan(model, tokenizer, scorer, prompts, dict(strategy="loop"))
     assert LabelScores(labels, found).predictions == expected.predictions
     torch.testing.assert_close(found, expected.log_scores, rtol=0, atol=1e-3)
+
+
+# A stand-in for helpers/engine_worker.py, run by the main environment's Python: it answers the set-up, then each
+# request as its first argument says: "answer" (every label -1.0, at once), "hang" (reads it and never answers, as a
+# stopped or deadlocked engine), "die" (a line on stderr, then exit code 3) or "die-second" (so, at its second).
+STAND_IN = """
+import json, sys, time
+behaviour = sys.argv[1] if len(sys.argv) > 1 else "answer"
+setup = json.loads(sys.stdin.readline())
+print(json.dumps({"ready": {"version": "stand-in", "seconds": 0.0}}), flush=True)
+answered = 0
+for line in sys.stdin:
+    prompts = json.loads(line)["prompts"]
+    if behaviour == "hang":
+        time.sleep(600)
+    if behaviour == "die" or (behaviour == "die-second" and answered):
+        print("stand-in: out of memory", file=sys.stderr, flush=True)
+        sys.exit(3)
+    branches = setup["branches"]
+    print(json.dumps({"logprobs": [[[-1.0] * len(nexts) for _, nexts in branches] for _ in prompts]}), flush=True)
+    answered += 1
+"""
+
+
+@pytest.fixture()
+def stand_in(tmp_path, monkeypatch, embedded):
+    """``stand_in(behaviour)``: ``STAND_IN`` with that behaviour becomes the engine's worker (its first wait cut to 3
+    seconds); returns an ``Engine`` started on it."""
+    script = tmp_path / "stand_in.py"
+    monkeypatch.setenv("SLM_ENGINE_PYTHON", sys.executable)
+    monkeypatch.setattr(engines, "FIRST_WAIT", 3.0)
+    monkeypatch.setattr(engines, "WORKER", script)
+
+    def start(behaviour):
+        script.write_text(STAND_IN.replace('else "answer"', f'else "{behaviour}"'))
+        return engines.Engine(tmp_path, LabelScorer(embedded[1], LABELS))
+
+    return start
+
+
+def test_a_silent_engine_ends_in_one_line_within_its_wait_and_is_killed(stand_in):
+    engine = stand_in("hang")
+    started = time.monotonic()
+    with pytest.raises(EngineError) as raised:
+        engine.log_scores([[1, 2, 3]])
+    message = str(raised.value)
+    assert time.monotonic() - started < 10 and "\n" not in message, message
+    assert "no answer in 3 s" in message and "killed" in message and str(engine.log) in message, message
+    assert engine.process.poll() is not None  # killed, not left stopped
+
+
+def test_an_engine_that_dies_while_scoring_ends_in_one_line_with_its_last_words(stand_in):
+    engine = stand_in("die")
+    with pytest.raises(EngineError) as raised:
+        engine.log_scores([[1, 2, 3]])
+    message = str(raised.value)
+    assert "\n" not in message and "stand-in: out of memory" in message, message
+
+
+def test_the_wait_scales_with_a_requests_tokens_from_the_slowest_answer_so_far(stand_in):
+    engine = stand_in("answer")
+    assert engine.wait_for(1000) == 3.0  # nothing answered yet: the first wait
+    scores = engine.log_scores([[1, 2, 3], [4, 5]])
+    assert scores.shape == (2, len(LABELS)) and engine.per_token > 0
+    assert engine.wait_for(10) == engines.WAIT_FLOOR
+    huge = int(10 * engines.WAIT_FLOOR / (engines.WAIT_MARGIN * engine.per_token))
+    assert engine.wait_for(huge) == pytest.approx(engines.WAIT_MARGIN * engine.per_token * huge)
+    engine.close()
+
+
+def test_a_job_whose_engine_dies_part_way_says_in_one_line_what_it_kept(
+    stand_in, small_csv, tmp_path, capsys, monkeypatch
+):
+    stand_in("die-second")
+    monkeypatch.setattr(engines, "CHUNK_ROWS", 4)  # the first request lands 4 rows, the second kills the engine
+    monkeypatch.setattr("helpers.classify.check_golden_set", lambda engine, *_, **__: engine)  # ties would fail it
+    out = tmp_path / "out.csv"
+    args = ["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm", "--prior", "none"]
+    code, err = run([*args, "--quiet"], capsys)
+    last = err.splitlines()[-1]
+    assert code == 2 and "stand-in: out of memory" in last, err
+    assert "4 of the job's rows are kept in out.csv's progress files: rerun the same command to resume" in last, err
+    assert not out.exists()
