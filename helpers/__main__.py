@@ -12,7 +12,10 @@ COLUMNS += " plan_padding agreement max_abs_diff"
 DEVICES, PRIORS = ("auto", "cpu", "cuda", "mps"), ("none", "content-free", "job", "labelled")
 BATCHING, ENGINES = ("loop", "arbitrary", "sorted", "token_budget"), ("vllm",)
 BENCH_STRATEGIES = ("loop", "loop_prefix", "sorted", "sorted_prefix")
-POOL, BATCH_SIZE, PRIOR, JOB_PRIOR_MIN_ROWS = 600, 16, "job", 10
+POOL = 600
+BATCH_SIZE = 16
+PRIOR = "job"
+JOB_PRIOR_MIN_ROWS = 10
 PRIOR_ROWS = 128
 
 

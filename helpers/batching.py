@@ -140,7 +140,9 @@ def score_batched(
     groups = [(list(group), list(group.values()), cache) for group, cache in ((cached, prefix), (full, None)) if group]
     scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))
     # every batch's input positions as it ran, and its seconds (its scores' copy to the host waits for the device)
-    ran, batch_seconds, planned = [], [], []  # planned: (input positions, their rows, cache, shape) in running order
+    ran = []
+    batch_seconds = []
+    planned = []  # (input positions, their rows, cache, shape) in running order
     for items, rows, cache in groups:
         lengths, past = [len(row) for row in rows], cache.length if cache is not None else 0
         # Besides its own tokens, every row holds the label continuations and (when cached) the prefix.

@@ -84,7 +84,10 @@ class Row:
         weights by the rule, the plan's padding (after a ``prefix_length`` cache, if used). Notebook 04, section 1."""
         strategy, uses_prefix = STRATEGIES[name]
         planned = [n - prefix_length for n in lengths] if uses_prefix else list(lengths)  # tokens after the prefix
-        padded = lambda items: processed_tokens(planned, items, strategy, batch_size)  # noqa: E731
+
+        def padded(items):  # the tokens the plan processes for ``items``, padding included
+            return processed_tokens(planned, items, strategy, batch_size)
+
         blocks, strata = blocks_and_strata
         padding = 1 - sum(planned) / padded(range(len(planned)))
         weights = [padded(stratum) / padded(chunk) for chunk, stratum in zip(blocks, strata)]
@@ -230,7 +233,10 @@ def run_benchmark(
     """Every row of ``design`` in every dtype, timed by ``sweep``, checked against the first dtype's loop on every
     sampled ticket; a row out of memory is left out with a line (``attrs["failed"]``). ``loaded``: a ``load_model``
     result to reuse. Returns the results (``runs/benchmark.csv``'s columns), the timed rows. Notebook 04, section 1."""
-    strategies, batch_sizes, dtypes, shots = design.strategies, design.batch_sizes, design.dtypes, design.shots
+    strategies = design.strategies
+    batch_sizes = design.batch_sizes
+    dtypes = design.dtypes
+    shots = design.shots
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"unknown strategies {unknown}: choose from {', '.join(STRATEGIES)}")
@@ -238,7 +244,10 @@ def run_benchmark(
     if any(b < 1 or sample.block % b for b in batch_sizes) or sample.repeats < 1 or sample.every < 1:
         raise ValueError(f"batch sizes must each divide the largest ({list(batch_sizes)}); repeats and every >= 1")
     texts, examples = make_tickets(design.n, seed=0, style="article")["text"].tolist(), few_shot_examples(shots)
-    rows, frames, reference, swept = sweep_rows(strategies, batch_sizes), [], None, {}
+    rows = sweep_rows(strategies, batch_sizes)
+    frames = []
+    reference = None
+    swept = {}
     for dtype in dtypes:
         if loaded is not None and loaded[2].dtype == dtype:
             model, tokenizer, info = loaded

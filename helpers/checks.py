@@ -65,7 +65,10 @@ def assert_agrees(reference: LabelScores, candidate: LabelScores, atol=FLOAT32_A
     else "item i"). A ``Tolerance`` as ``atol`` sets ``near_ties`` too: in low precision a differing label is accepted
     where the reference's top two are within ``atol`` (rounding can order them either way). Notebook 01, section 3."""
     atol, near_ties = (atol.atol, atol.near_ties) if isinstance(atol, Tolerance) else (atol, near_ties)
-    name = (lambda i: item_names[i]) if item_names is not None else (lambda i: f"item {i}")
+
+    def name(i):  # how the error names item ``i``
+        return item_names[i] if item_names is not None else f"item {i}"
+
     reference, candidate = reference.raw, candidate.raw
     tie = atol if near_ties else 0.0  # a margin is never below 0: no label counts as a near tie then
     stats = agreement(reference, candidate, near_tie=tie)
@@ -87,7 +90,9 @@ def verify_sample(model, tokenizer, scorer, prompts, log_scores, k: int, dtype=N
     prior, or 0.0), log-probs within the dtype's tolerance. No lesson builds it: ``classify --verify``."""
     rows = sorted(np.random.default_rng(0).choice(len(prompts), size=min(k, len(prompts)), replace=False).tolist())
     reference = score_one_by_one(model, tokenizer, scorer, [prompts[i] for i in rows], progress=False)
-    numbers, exact, shift = [r + 1 for r in rows], shift is not None, 0.0 if shift is None else shift
+    numbers = [r + 1 for r in rows]
+    exact = shift is not None  # read before shift is replaced below
+    shift = 0.0 if shift is None else shift
     tolerance = replace(tolerance := tolerance_for(dtype or model.dtype), near_ties=tolerance.near_ties and not exact)
     candidate = LabelScores(scorer.labels, log_scores[rows] - shift)
     reference = LabelScores(scorer.labels, reference.log_scores - shift)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -329,15 +330,24 @@ def classify_file(
         return _classify(input_path, labels, output_path, options, say, stack)
 
 
+def _to_stderr(message: str) -> None:
+    """Rank 0's messages where no ``say`` was given."""
+    print(message, file=sys.stderr)
+
+
+def _say_nothing(message: str) -> None:
+    """The other ranks' messages: rank 0 says them."""
+
+
 def _classify(input_path, labels, output_path, options: Options, say, stack: contextlib.ExitStack) -> ClassifyResult:
     """``classify_file``'s run up to its passes; ``stack`` closes the engine it starts and puts back the LM head that a
     fitted head replaced."""
     start = time.perf_counter()
     group = Processes(options.device)
-    tell = (say or (lambda message: print(message, file=sys.stderr))) if group.main else (lambda message: None)
-    job = group.step(lambda: Job.read(input_path, labels, output_path, options))
-    tokenizer, scorer = group.step(lambda: _label_scorer(job.labels, options))
-    job.prior_file, head = group.step(lambda: _scope_files(job, options, tokenizer, scorer))
+    tell = (say or _to_stderr) if group.main else _say_nothing
+    job = group.step(partial(Job.read, input_path, labels, output_path, options))
+    tokenizer, scorer = group.step(partial(_label_scorer, job.labels, options))
+    job.prior_file, head = group.step(partial(_scope_files, job, options, tokenizer, scorer))
     progress = _read_progress(group, job, options, _fingerprint(job, scorer, options, group.device, head))
     _say_how(tell, options, tokenizer, scorer, progress.done, len(job.table), job.output)
     # The engine loads its model in its own process while the package loads its own; closed when the run ends.
@@ -347,13 +357,13 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     auto = options.dtype == "auto"
     float32 = auto or engine is not None  # an engine's golden set and --verify compare with the package's float32
     wanted = dict(dtype="float32" if float32 else options.dtype, device=group.device, verbose=group.main, say=tell)
-    model, tokenizer, info = group.step(lambda: load_model(options.model_name, tokenizer=tokenizer, **wanted))
+    model, tokenizer, info = group.step(partial(load_model, options.model_name, tokenizer=tokenizer, **wanted))
     half = _precision(group, options, model, info, job, tell) if auto else None
     if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
         progress.fingerprint["resolved"] = half or "float32"
-    passes, cut = group.step(lambda: _passes(model, tokenizer, scorer, job, options, half))
+    passes, cut = group.step(partial(_passes, model, tokenizer, scorer, job, options, half))
     if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
-        head = head or group.decide(lambda: _fitted_head(passes, job, options, tell))
+        head = head or group.decide(partial(_fitted_head, passes, job, options, tell))
         stack.enter_context(head.installed(model))
         passes.scorer = head.scorer()
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
@@ -388,8 +398,8 @@ def _read_progress(group: Processes, job: Job, options: Options, fingerprint: di
     """--overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
     reads every progress file before any appends to its own: ``step`` waits for all of them each time."""
     group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
-    done = group.step(lambda: resume.read_progress(job.output, fingerprint))
-    earlier = group.step(lambda: resume.recorded_bound(job.output))  # the stopped run's bound, if it noted one
+    done = group.step(partial(resume.read_progress, job.output, fingerprint))
+    earlier = group.step(partial(resume.recorded_bound, job.output))  # the stopped run's bound, if it noted one
     return Progress(fingerprint, done, earlier)
 
 
@@ -401,7 +411,7 @@ def _score_and_conclude(group, passes: Passes, job: Job, progress: Progress, out
     passes.prior, done = fixed, progress.done
     mine = group.share([i for i in range(len(job.table)) if i not in done and i not in sampled])
     fingerprint = progress.fingerprint
-    scored, run = group.step(lambda: _score_share(passes, mine, job.output, group, fingerprint, bar, len(done)))
+    scored, run = group.step(partial(_score_share, passes, mine, job.output, group, fingerprint, bar, len(done)))
     pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
     outcome.resumed, outcome.computed = len(done), len(pairs) + len(sampled)
     if group.main:
@@ -427,14 +437,22 @@ class Gathered:
     def rule(self) -> Callable[[LabelScores], Prior | None]:
         """The prior the run divides out, from its scores: fitted to its labelled rows, or fixed before the first row
         (the job's sample, content-free, a file's)."""
-        if self.prior == "labelled":
-            return lambda scores: sample_prior(scores, self.gold)
-        return lambda scores: self.fixed
+
+        def fitted(scores):
+            return sample_prior(scores, self.gold)
+
+        def known(scores):
+            return self.fixed
+
+        return fitted if self.prior == "labelled" else known
 
 
 def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyResult, options: Options, tell) -> None:
     """Rank 0's end of the run: the bound and the prior settled, ``--verify``, what was proven said, the write."""
-    rows, runs, fixed, half = gathered.rows, gathered.runs, gathered.fixed, passes.half
+    rows = gathered.rows
+    runs = gathered.runs
+    fixed = gathered.fixed
+    half = passes.half
     if sorted(rows) != list(range(len(job.table))) or outcome.computed + outcome.resumed != len(rows):
         raise RuntimeError(f"gathered {len(rows)} results for {len(job.table)} rows: some rows are missing or doubled")
     outcome.full_prompt_rows = sorted(i + 1 for i, (_, full, _) in rows.items() if full)
@@ -580,7 +598,7 @@ def _precision(group: Processes, options: Options, model, info, job: Job, tell) 
     """``--dtype auto``'s half dtype (None: float32), chosen once for the whole run: as the stopped run of this job
     recorded it, else by rank 0's machine profile (notebook 00), handed to every process. ``--prior labelled`` fits
     every row's scores, which must then be float32's: it runs in float32."""
-    recorded = group.step(lambda: resume.resolved(job.output))
+    recorded = group.step(partial(resume.resolved, job.output))
     if recorded is not None:
         tell(f"--dtype auto: {recorded}, as the stopped run of this job resolved it (one precision per run)")
         return None if recorded == "float32" else recorded
@@ -643,10 +661,10 @@ def _known_prior(group: Processes, passes: Passes, job: Job, progress: Progress,
     Returns (the prior, {row: (scores, full, exact)} the job's sample scored now)."""
     if job.prior == "content-free":
         tokenizer, examples = passes.tokenizer, job.examples
-        return group.step(lambda: content_free_prior(passes.model, tokenizer, passes.scorer, examples)), {}
+        return group.step(partial(content_free_prior, passes.model, tokenizer, passes.scorer, examples)), {}
     if job.prior != "job":
         return job.prior_file, {}
-    sampled, fixed = group.decide(lambda: _job_prior(passes, progress.done, job.output, progress.fingerprint, bar_on))
+    sampled, fixed = group.decide(partial(_job_prior, passes, progress.done, job.output, progress.fingerprint, bar_on))
     for row in sampled:  # a resumed row of the sample that was not float32's, scored again
         progress.done.pop(row, None)
     return fixed, sampled
@@ -703,7 +721,9 @@ def _settle(passes: Passes, scores: LabelScores, exact: set, runs: list, gathere
     log_scores = scores.log_scores.clone()
     if gathered.resumed or not runs:
         rows, first, run = passes.calibrate()
-        runs, log_scores[rows], exact = [*runs, run], first.log_scores, exact | set(rows)
+        runs = [*runs, run]
+        log_scores[rows] = first.log_scores
+        exact = exact | set(rows)
     if gathered.earlier is not None:  # the resumed half rows were scored under it
         runs = [*runs, dict(NO_RUN, threshold=gathered.earlier, calibrated=gathered.earlier, source="stopped")]
     bound = max(run["threshold"] for run in runs)
@@ -719,7 +739,10 @@ def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
     """--verify: under --dtype auto float32's labels, under the prior the run ends with (its promise)."""
     half, engine = passes.half, passes.engine
     shift = (fixed.for_labels(scores.labels) if fixed is not None else 0.0) if half else None
-    model, tokenizer, scorer, dtype = passes.model, passes.tokenizer, passes.scorer, half or (engine and engine.dtype)
+    model = passes.model
+    tokenizer = passes.tokenizer
+    scorer = passes.scorer
+    dtype = half or (engine and engine.dtype)
     stats = verify_sample(model, tokenizer, scorer, passes.prompts, scores.log_scores, k, dtype=dtype, shift=shift)
     ties = f" ({stats['near_ties']} near-tie(s) within {stats['atol']:g} counted as agreement, max log-prob"
     ties += f" difference {stats['max_abs_diff']:.1e})"

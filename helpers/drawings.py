@@ -100,7 +100,11 @@ def plot_padded_batches(lengths, plans: dict, info, path="padded_batches.png"):
     fig, axes = plt.subplots(1, len(plans), figsize=(4.5 * len(plans), 5), sharex=True, squeeze=False)
     shares = {}
     for ax, (name, plan) in zip(axes[0], plans.items()):
-        rows, pads, reals, shades, y = [], [], [], [], 0
+        rows = []
+        pads = []
+        reals = []
+        shades = []
+        y = 0
         for k, batch in enumerate(plan):
             width = max(lengths[i] for i in batch)
             rows += range(y, y + len(batch))

@@ -37,7 +37,9 @@ WORKER = Path(__file__).with_name("engine_worker.py")
 # How long an answer may take before the engine counts as hung (a stopped or deadlocked process answers nothing, and
 # a bare read would wait for ever): ``WAIT_MARGIN`` times the slowest seconds per prompt token it has answered at so
 # far, at least ``WAIT_FLOOR``; ``FIRST_WAIT`` before its first answer, which also warms it up.
-FIRST_WAIT, WAIT_FLOOR, WAIT_MARGIN = 900.0, 60.0, 10.0
+FIRST_WAIT = 900.0
+WAIT_FLOOR = 60.0
+WAIT_MARGIN = 10.0
 
 
 class EngineError(InputError):
@@ -107,8 +109,14 @@ class Engine:
         self, folder, scorer, *, engine="vllm", dtype="float32", device="cpu", max_len=None, eager=True, **more
     ):
         check_dtype(engine, dtype)
-        self.name, self.dtype, self.folder, self.scorer = engine, dtype, str(folder), scorer
-        self.branches, self.version, self.seconds, self.failed = label_branches(scorer.token_ids), None, None, False
+        self.name = engine
+        self.dtype = dtype
+        self.folder = str(folder)
+        self.scorer = scorer
+        self.branches = label_branches(scorer.token_ids)
+        self.version = None
+        self.seconds = None
+        self.failed = False
         self.per_token = None  # the slowest seconds per prompt token of an answer so far: the next wait's scale
         self.python = python = engine_python(engine)
         handle, name = tempfile.mkstemp(prefix=f"slm-{engine}-", suffix=".log")

@@ -362,7 +362,9 @@ def load_model(name=None, *, dtype=None, device=None, verbose=True, attention="a
 
     resolved, reason = resolve_name(name)
     device = pick_device(device)
-    requested, dtype, threads = dtype, pick_dtype(dtype, device), process_threads()
+    requested = dtype  # as asked, before pick_dtype replaces it
+    dtype = pick_dtype(dtype, device)
+    threads = process_threads()
     torch.set_num_threads(threads)
     if reason and verbose:
         say(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")

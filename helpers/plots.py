@@ -24,7 +24,10 @@ STRATEGY_LABELS = {"generate": "generate + parse", "loop": "loop (constrained)",
 def judged(rows, column: str, best) -> list[str]:
     """The one rule (``timing.judge_spreads``) between ``best`` and each of ``rows``: their spreads of repeats
     (``column``_min to _max) over their ``repeats`` (one where the column is missing: no verdict)."""
-    spread = lambda row: ((row[f"{column}_min"], row[f"{column}_max"]), int(row.get("repeats", 1)))  # noqa: E731
+
+    def spread(row):  # (its spread of repeats, their number): judge_spreads' arguments for one row
+        return (row[f"{column}_min"], row[f"{column}_max"]), int(row.get("repeats", 1))
+
     return [judge_spreads(*spread(best), *spread(row)) for _, row in rows.iterrows()]
 
 
@@ -108,7 +111,9 @@ def plot_throughput_vs_batch(frame, path="throughput_vs_batch_size.png"):
     start_of = {}  # (dtype, prefix) -> the curve's batch-1 row: what the title's ratio divides by
     drawn = frame[frame["strategy"].str.startswith(("loop", "sorted"))]  # a curve: a loop and its sorted batches
     for k, ((dtype, prefix), points) in enumerate(drawn.groupby(["dtype", "prefix"], sort=False)):
-        points, style, color = points.sort_values("batch_size"), ["-", "--", ":"][dtypes.index(dtype) % 3], f"C{k}"
+        points = points.sort_values("batch_size")
+        style = ["-", "--", ":"][dtypes.index(dtype) % 3]
+        color = f"C{k}"
         start_of[dtype, prefix] = loop = points.iloc[0]
         loop_name = STRATEGY_LABELS.get(loop.strategy, loop.strategy)
         if len(points) == 1 and loop.strategy.startswith("loop"):  # a loop alone: one ticket per pass, drawn across
@@ -156,7 +161,9 @@ def plot_padding_by_strategy(padding, info, path="padding_by_strategy.png"):
     bars = ax.bar(names, padding["padding_fraction"] * 100, color=["0.6", "C3", "C2", "C1"][: len(padding)])
     ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
     ax.set_ylabel("padding (% of processed tokens)")
-    share, setting, nan = padding.set_index("strategy")["padding_fraction"], padding.attrs, float("nan")
+    share = padding.set_index("strategy")["padding_fraction"]
+    setting = padding.attrs
+    nan = float("nan")
     known = {"prompts", "batch_size"} <= setting.keys()
     where = f", {setting['prompts']} prompts, batches of {setting['batch_size']}" if known else ""
     sorted_, arbitrary = share.get("sorted", nan), share.get("arbitrary", nan)
@@ -271,7 +278,8 @@ def plot_prompt_lengths(lengths, info, path="prompt_lengths.png"):
         raise ValueError(f"plot_prompt_lengths needs a non-empty list of numbers, got {lengths.dtype} {lengths.shape}")
     if (empty := np.flatnonzero(lengths < 1)).size:
         raise ValueError(f"plot_prompt_lengths: lengths[{empty[0]}] = {lengths[empty[0]]}, but a prompt has a token")
-    median, longest, factor = int(np.median(lengths)), int(lengths.max()), global_padding_factor(lengths.tolist())
+    median, longest = int(np.median(lengths)), int(lengths.max())
+    factor = global_padding_factor(lengths.tolist())
     fig, ax = plt.subplots(figsize=(7, 4))
     # About 60 whole-token bins from 0 up to the longest: fine enough for the bulk, and single prompts in the tail show.
     width = max(1, int(np.ceil(longest / 60)))
@@ -300,7 +308,9 @@ def plot_margins(panels, info, path="precision_margins.png"):
         raise ValueError("plot_margins needs at least one variant")
     data = []
     for variant, margins, errors, flipped, threshold in panels:
-        margins, errors, flipped = np.asarray(margins), np.asarray(errors), np.asarray(flipped, dtype=bool)
+        margins = np.asarray(margins)
+        errors = np.asarray(errors)
+        flipped = np.asarray(flipped, dtype=bool)
         if not (len(margins) == len(errors) == len(flipped)) or not len(margins):
             got = f"{len(margins)}, {len(errors)}, {len(flipped)}"
             raise ValueError(f"{variant}: one margin, error and flip per ticket, got {got}")

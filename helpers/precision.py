@@ -156,10 +156,18 @@ class _Bound:
     def __init__(self, model, tokenizer, scorer, prompts, dtype, calibration: Calibration, plan: dict):
         self.rows = calibration_rows(tokenizer, prompts, calibration.rows)
         on_batch, plan = plan.get("on_batch"), {key: value for key, value in plan.items() if key != "on_batch"}
-        relay = on_batch and (lambda j, scores, full: on_batch([self.rows[i] for i in j], scores, full, True))
-        self.first = rescore(model, tokenizer, scorer, [prompts[i] for i in self.rows], on_batch=relay, **plan)
-        self.dtype, self.safety, self.threshold = dtype, calibration.safety, calibration.threshold
-        self.half, self.error, self.overflowed = {}, None, False
+
+        def relay(j, scores, full):  # ``on_batch`` gets the rows at input positions, their scores float32's
+            return on_batch([self.rows[i] for i in j], scores, full, True)
+
+        relayed = on_batch and relay
+        self.first = rescore(model, tokenizer, scorer, [prompts[i] for i in self.rows], on_batch=relayed, **plan)
+        self.dtype = dtype
+        self.safety = calibration.safety
+        self.threshold = calibration.threshold
+        self.half = {}
+        self.error = None
+        self.overflowed = False
         self.seconds, self.last = self.first.info["seconds"], time.perf_counter()  # and the rows' share of half batches
 
     def add(self, items, scores, *_) -> bool:
@@ -250,7 +258,9 @@ def score_verified(
         raise RuntimeError(
             f"rows {torch.isnan(run.log_scores).any(-1).nonzero().flatten().tolist()[:10]} got no scores"
         )
-    bound, seconds, rows = run.bound, time.perf_counter() - start, len(prompts)
+    bound = run.bound
+    seconds = time.perf_counter() - start
+    rows = len(prompts)
     info = dict(margin_error=bound and bound.error, threshold=run.threshold, calibrated=calibrated, calibration=run.k)
     info.update(
         rescored=sorted(run.rescored), non_finite=sorted(run.broken), overflowed=bool(bound and bound.overflowed)
@@ -258,6 +268,14 @@ def score_verified(
     info.update(evidence=len(run.evidence), evidence_error=max(run.evidence, default=None), phase_seconds=run.phases)
     info.update(seconds=seconds, items_per_s=rows / seconds)
     return LabelScores(list(scorer.labels), run.log_scores, info, prior=run.shift)
+
+
+def _no_batch(*batch) -> None:
+    """``score_verified``'s ``on_batch`` where none is given: the batch lands nowhere else."""
+
+
+def _no_bound(bound) -> None:
+    """``score_verified``'s ``on_bound`` where none is given: the bound is noted nowhere else."""
 
 
 class _Verified:
@@ -268,20 +286,29 @@ class _Verified:
         self.k, self.safety = min(calibration.rows, len(prompts)), calibration.safety
         if calibration.threshold is None and self.k < 1:
             raise ValueError("no calibration rows and no threshold: calibrate on at least one prompt")
-        self.model, self.tokenizer, self.scorer, self.prompts = model, tokenizer, scorer, prompts
-        self.on_batch, self.plan = plan.pop("on_batch", None) or (lambda *batch: None), plan
-        self.on_bound = plan.pop("on_bound", None) or (lambda bound: None)  # a resumed run reads the last one back
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+        self.prompts = prompts
+        self.on_batch = plan.pop("on_batch", None) or _no_batch
+        self.plan = plan
+        self.on_bound = plan.pop("on_bound", None) or _no_bound  # a resumed run reads the last one back
         self.noted = False
         self.log_scores = torch.full((len(prompts), len(scorer.labels)), float("nan"))  # a row never filled shows
         self.shift = None if prior is None else prior.for_labels(scorer.labels)
-        self.bound, self.threshold, self.phases = None, calibration.threshold, {}  # phases: seconds of each
+        self.bound = None
+        self.threshold = calibration.threshold
+        self.phases = {}  # seconds of each
         if self.k:
             sized, options = replace(calibration, rows=self.k), dict(plan, on_batch=self.on_batch)
             self.bound = _Bound(model, tokenizer, scorer, prompts, dtype, sized, options)
             self.log_scores[self.bound.rows] = self.bound.first.log_scores
         self.sample = set(self.bound.rows if self.bound else ())  # they keep their float32 scores
-        # near ties and non-finite rows (rescored), batches waiting for the bound, near ties' half scores, their errors
-        self.rescored, self.broken, self.waiting, self.halves, self.evidence = [], [], [], {}, []
+        self.rescored = []  # near ties (rescored)
+        self.broken = []  # non-finite rows (rescored)
+        self.waiting = []  # batches waiting for the bound
+        self.halves = {}  # near ties' half scores
+        self.evidence = []  # the near ties' errors
 
     def checked(self, items, scores, was_full) -> None:
         """A half batch; batches wait until the calibration's rows (run first) bound, then settle."""
@@ -354,14 +381,19 @@ def settle_job_prior(scores: LabelScores, exact, threshold, rescore_rows, prior_
     (one whose error exceeds the bound widens it to ``safety`` times that error), the prior recomputed, until no such
     row is left: every label is then float32's under the returned prior. Returns (those scores, the prior, the rows
     rescored, the bound, their largest error or None). Notebook 05, section 3 (``--prior job``; several processes)."""
-    log_scores, exact, added, errors = scores.log_scores.clone(), set(exact), [], []
+    log_scores = scores.log_scores.clone()
+    exact = set(exact)
+    added = []
+    errors = []
     while True:
         prior = prior_of(LabelScores(scores.labels, log_scores))
         result = calibrated(LabelScores(scores.labels, log_scores, scores.info), prior)
         close = [i for i in near_ties(result, threshold) if i not in exact]
         if not close:
             return result, prior, added, threshold, max(errors, default=None)
-        half, log_scores[close], added = log_scores[close].clone(), rescore_rows(close), added + close
+        half = log_scores[close].clone()  # before the rescored scores replace them
+        log_scores[close] = rescore_rows(close)
+        added = added + close
         finite = torch.isfinite(half).all(-1)
         errors += change_in_gaps(half[finite], log_scores[close][finite]).tolist()
         largest = max(errors, default=0.0)

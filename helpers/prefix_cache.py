@@ -54,7 +54,9 @@ class PrefixCache:
     def __init__(self, model, tokenizer, prefix_text: str):
         if not prefix_text:
             raise ValueError("the prefix text is empty: nothing to cache")
-        self.model, self.tokenizer, self.text = model, tokenizer, prefix_text
+        self.model = model
+        self.tokenizer = tokenizer
+        self.text = prefix_text
         self.ids = encode_prompt(tokenizer, prefix_text)
         self.length = len(self.ids)
         with torch.inference_mode():

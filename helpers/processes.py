@@ -30,11 +30,9 @@ class Processes:
         except RuntimeError as error:  # an unavailable device, said before anything loads
             raise InputError(str(error)) from None
         self.state = PartialState(cpu=wanted.type == "cpu")
-        self.count, self.rank, self.main = (
-            self.state.num_processes,
-            self.state.process_index,
-            self.state.is_main_process,
-        )
+        self.count = self.state.num_processes
+        self.rank = self.state.process_index
+        self.main = self.state.is_main_process
         if self.count > 1 and wanted.type == "mps":
             raise InputError(
                 "several processes on one Apple GPU do not pay: run classify as one process with --device mps"

@@ -186,7 +186,9 @@ class MachineProfile:
 
     def slow_dtypes(self) -> dict[str, str]:
         """dtype -> one line saying why it is not worth running here."""
-        base, fast, why = self.matmul_gflops["float32"], self.fast_dtypes(), {}
+        base = self.matmul_gflops["float32"]
+        fast = self.fast_dtypes()
+        why = {}
         overflow = "a forward in it gives non-finite logits with this model (half-precision overflow)"
         slow = "its matmul runs at {:.3g} GFLOP/s here against {:.3g} for float32 (below half): not worth running"
         for name, gflops in self.matmul_gflops.items():

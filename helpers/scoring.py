@@ -270,7 +270,9 @@ def _check_full_attention(model, span: int) -> None:
 def label_log_probs(model, scorer: LabelScorer, rows: Sequence[Sequence[int]], pad_id, prefix=None) -> torch.Tensor:
     """Label log-probs (rows x labels) for token rows (prompts, or their tokens after ``prefix``) in one forward pass,
     multi-token labels appended (``scorer.tail``): only those numbers leave the device. Notebook 01, section 3."""
-    device, tail, past_length = model.device, len(scorer.tail), prefix.length if prefix is not None else 0
+    device = model.device
+    tail = len(scorer.tail)
+    past_length = prefix.length if prefix is not None else 0
     ids, mask, positions = scorer.batch_inputs(rows, pad_id, past_length)
     batch, width = ids.shape
     if scorer.is_tree:

@@ -50,7 +50,9 @@ class Stopwatch:
     """``with Stopwatch(model.device) as clock: ...`` then ``clock.seconds``: wall time of the block, synchronised."""
 
     def __init__(self, device: torch.device | str | None = None):
-        self.device, self.seconds, self._start = device, float("nan"), 0.0
+        self.device = device
+        self.seconds = float("nan")
+        self._start = 0.0
 
     def __enter__(self) -> Stopwatch:
         sync(self.device)
@@ -97,7 +99,8 @@ class Timing:
         """A sentence comparing two timings by the rule (``judge``): the medians' ratio and its range (the slower's
         fastest run over the faster's slowest, to its slowest over the faster's fastest), over how many rounds."""
         fast, slow = (self, other) if self.median <= other.median else (other, self)
-        ratio, n, m = slow.median / fast.median, len(fast.seconds), len(slow.seconds)
+        ratio = slow.median / fast.median
+        n, m = len(fast.seconds), len(slow.seconds)
         span, pair = f"{slow.low / fast.high:.2f}-{slow.high / fast.low:.2f}x", f"{self.name} and {other.name}"
         rounds = f"{n} and {m} rounds" if n != m else f"{n} round{'s' * (n > 1)} each"
         if self.judge(other) == "winner":
