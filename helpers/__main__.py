@@ -120,6 +120,7 @@ def add_classify_parser(commands) -> None:
     add("--label-column", default="label", help="--prior labelled: the column of each row's true label (default label)")
     add("--truncate", action="store_true", help="cut texts longer than the context (keeps the head)")
     add("--overwrite", action="store_true", help="replace an existing output file")
+    add("--restart", action="store_true", help="start afresh: remove the progress a stopped run of this job left")
     fit = "fit a label head (the labels' LM-head rows and a bias) on a .csv/.jsonl of labelled rows (text, label) in "
     add("--fit-head", default=None, metavar="LABELLED", help=fit + "this job's prompt, and score every row with it")
     add("--save-head", default=None, metavar="FILE", help="save the head --fit-head fitted, as JSON")

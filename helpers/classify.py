@@ -134,6 +134,7 @@ class Options:
     save_prior: str | Path | None = None
     truncate: bool = False
     overwrite: bool = False
+    restart: bool = False
     progress: bool = True
     device: str | None = None
     engine: str | None = None
@@ -395,9 +396,12 @@ class Progress:
 
 
 def _read_progress(group: Processes, job: Job, options: Options, fingerprint: dict) -> Progress:
-    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), and every process
+    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), --restart every
+    job's, this one's too; every process
     reads every progress file before any appends to its own: ``step`` waits for all of them each time."""
-    group.step(lambda: options.overwrite and group.main and resume.remove_progress(job.output, keep=fingerprint))
+    keep = None if options.restart else fingerprint  # --restart: this job's progress too
+    wanted = options.restart or options.overwrite
+    group.step(lambda: wanted and group.main and resume.remove_progress(job.output, keep=keep))
     done = group.step(partial(resume.read_progress, job.output, fingerprint))
     earlier = group.step(partial(resume.recorded_bound, job.output))  # the stopped run's bound, if it noted one
     return Progress(fingerprint, done, earlier)
@@ -563,7 +567,7 @@ def _fit_labelled(passes: Passes, job: Job, options: Options, tell) -> LabelHead
 
 
 def _fingerprint(job: Job, scorer, options: Options, device, head: LabelHead | None = None) -> dict:
-    from .models import pick_dtype
+    from .models import pick_dtype, weights_identity
 
     scoring = {"complete": scorer.complete, "method": scorer.method, "truncate": options.truncate}
     if options.head:  # the head's numbers, or what it is fitted on (a resumed run reads the fitted head back)
@@ -576,7 +580,8 @@ def _fingerprint(job: Job, scorer, options: Options, device, head: LabelHead | N
     dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
     if options.engine:  # the dtype the engine runs, whatever the device's default
         dtype = options.dtype or "float32"
-    fields = options.text_column, job.labels, model, dtype, job.examples, prompt_format, scoring
+    weights = weights_identity(model)
+    fields = options.text_column, job.labels, model, weights, dtype, job.examples, prompt_format, scoring
     return resume.fingerprint(job.table.path, *fields)
 
 

@@ -322,6 +322,30 @@ def resolve_name(name: str | None = None) -> tuple[str, str | None]:
     return DEFAULT_MODEL, None
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "config.json")
+
+
+def weights_identity(resolved: str) -> str:
+    """What tells a model's weights apart without reading them (a job's progress fingerprint): the embedded model's
+    package version, a twin's configuration, a local folder's weight files (names, sizes, modification times: a model
+    fine-tuned in place changes them) or a hub model's cached revision."""
+    if resolved == EMBEDDED:
+        return f"{EMBEDDED_PACKAGE} {importlib.metadata.version(EMBEDDED_PACKAGE)}"
+    if resolved in TWINS:
+        return f"random weights, seed 0, {json.dumps(TWINS[resolved], sort_keys=True)}"
+    path = Path(resolved)
+    if path.exists():
+        files = [path] if path.is_file() else sorted(f for pattern in WEIGHT_FILES for f in path.rglob(pattern))
+        stats = [
+            (str(f.relative_to(path) if f != path else f.name), f.stat().st_size, f.stat().st_mtime_ns) for f in files
+        ]
+        return "files " + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(resolved, "config.json")
+    return f"hub revision {Path(cached).parent.name}" if isinstance(cached, str) else "hub, latest revision"
+
+
 def _from_cache_only(resolved: str) -> bool:
     return _offline() or (not Path(resolved).exists() and _hub_cached(resolved))
 

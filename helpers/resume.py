@@ -18,6 +18,7 @@ FIELDS = {
     "text_column": "the text column",
     "labels": "the labels",
     "model": "the model",
+    "weights": "the model's weights",
     "dtype": "the dtype",
     "examples": "the few-shot examples",
     "prompt_format": "the prompt format",
@@ -56,7 +57,7 @@ def _changed(was: dict, now: dict) -> str:
         if was.get(key) != now.get(key):
             if key == "labels":
                 return f"{words} changed (were {','.join(was.get(key) or [])}, now {','.join(now[key])})"
-            if key in ("text_column", "model", "dtype", "prompt_format"):
+            if key in ("text_column", "model", "weights", "dtype", "prompt_format"):
                 return f"{words} changed (was {was.get(key)!r}, now {now.get(key)!r})"
             return f"{words} changed"
     return "its fingerprint differs"

