@@ -8,9 +8,10 @@ COLUMNS = "strategy batch_size dtype items_per_s items_per_s_min items_per_s_max
 COLUMNS += " plan_padding agreement max_abs_diff"
 # The parsers' choices and defaults, written here so that check and every --help run without torch or pandas; a test
 # ties each to its module's own (models.DEVICES, batching.STRATEGIES, bench.Design, classify's, prior.PRIORS,
-# engine.ENGINES).
+# engine.ENGINES and SPOT_EVERY).
 DEVICES, PRIORS = ("auto", "cpu", "cuda", "mps"), ("none", "content-free", "job", "labelled")
 BATCHING, ENGINES = ("loop", "arbitrary", "sorted", "token_budget"), ("vllm",)
+SPOT_EVERY = 500
 BENCH_STRATEGIES = ("loop", "loop_prefix", "sorted", "sorted_prefix")
 POOL = 600
 BATCH_SIZE = 16
@@ -128,6 +129,9 @@ def add_classify_parser(commands) -> None:
     engine = f"score the rows in a serving engine ({', '.join(ENGINES)}), from its own environment (make engine), "
     engine += "after a golden set of the job's rows gives the package's float32 labels (docs/scale.md)"
     add("--engine", default=None, metavar="ENGINE", help=engine)
+    spot = "with --engine: score every N-th of the engine's rows again in the package, in float32, and stop at any "
+    spot += f"disagreement (default {SPOT_EVERY}; 0: off)"
+    add("--spot-check", type=int, default=SPOT_EVERY, metavar="N", help=spot)
 
 
 def _process_group():

@@ -23,7 +23,7 @@ from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
 from .data import encode_prompts, uses_chat_template
-from .engine import Engine, EngineError, check_golden_set, run_in_chunks, start_engine
+from .engine import SPOT_EVERY, Engine, EngineError, SpotCheck, check_golden_set, run_in_chunks, start_engine
 from .head import FOLDS, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
     calibration_rows,
@@ -138,6 +138,7 @@ class Options:
     progress: bool = True
     device: str | None = None
     engine: str | None = None
+    spot_check: int = SPOT_EVERY
     fit_head: str | Path | None = None
     save_head: str | Path | None = None
     head_from: str | Path | None = None
@@ -164,7 +165,8 @@ class Options:
                 raise InputError(f"{option} {path}: its folder does not exist")
         self._check_head()
         floors = {"--batch-size": (self.batch_size, 1), "--token-budget": (self.token_budget, 1)}
-        for option, (value, least) in {**floors, "--verify": (self.verify, 0)}.items():
+        floors.update({"--verify": (self.verify, 0), "--spot-check": (self.spot_check, 0)})
+        for option, (value, least) in floors.items():
             if value is not None and value < least:
                 raise InputError(f"{option} must be >= {least}, got {value}")
 
@@ -249,6 +251,7 @@ class Passes:
         None  # known before the first row (the job's sample, content-free, a file's): ties read after it
     )
     engine: Engine | None = None  # --engine: it scores the rows (the package's model: the golden set, --verify)
+    spot: SpotCheck | None = None  # --engine: its rows checked against the package's as they land
 
     def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
@@ -288,7 +291,12 @@ class Passes:
 
         chosen = [self.prompts[i] for i in rows]
         if self.engine is not None:
-            run_in_chunks(self.engine, encode_prompts(self.tokenizer, chosen), range(len(rows)), landed)
+
+            def checked(items, scores):  # the spot check names input rows
+                self.spot([rows[j] for j in items], scores)
+
+            ids = encode_prompts(self.tokenizer, chosen)
+            run_in_chunks(self.engine, ids, range(len(rows)), landed, checked if self.spot else None)
         else:
             precision.rescore(self.model, self.tokenizer, self.scorer, chosen, **dict(self.plan, on_batch=landed))
 
@@ -369,6 +377,7 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
         passes.scorer = head.scorer()
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
     passes.engine = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
+    passes.spot = engine and SpotCheck(engine, passes.rescore, options.spot_check)
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     dtype = f"{half} verified in float32" if half else engine.dtype if engine else info.dtype
@@ -376,6 +385,8 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     outcome = ClassifyResult(None, len(job.table), 0.0, *where, options.prefix_cache, engine=engine_name)
     outcome.truncated_rows = cut
     _score_and_conclude(group, passes, job, progress, outcome, options, tell)
+    if passes.spot:
+        tell(passes.spot.line())
     outcome.seconds = time.perf_counter() - start
     if group.main:
         tell(outcome.summary())

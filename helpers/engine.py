@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,9 @@ WORKER = Path(__file__).with_name("engine_worker.py")
 FIRST_WAIT = 900.0
 WAIT_FLOOR = 60.0
 WAIT_MARGIN = 10.0
+# --spot-check's default: one row in every SPOT_EVERY the engine scores is scored again by the package in float32, on
+# the golden set's test, before its chunk lands (about 1/SPOT_EVERY of the package's time for the job: 0.2 %).
+SPOT_EVERY = 500
 
 
 class EngineError(InputError):
@@ -381,8 +384,56 @@ def race(model, tokenizer, prompts, labels, examples, model_name=None, every: in
         return Race(why_not=str(error).splitlines()[0])
 
 
-def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land) -> None:
-    """Score ``rows`` with the engine, ``CHUNK_ROWS`` at a time, ``land(rows, log_scores)`` as each returns."""
+def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land, check=None) -> None:
+    """Score ``rows`` with the engine, ``CHUNK_ROWS`` at a time, ``land(rows, log_scores)`` as each returns, after
+    ``check(rows, log_scores)`` (a ``SpotCheck``) where given."""
     for start in range(0, len(rows), CHUNK_ROWS):
         chunk = list(rows[start : start + CHUNK_ROWS])
-        land(chunk, engine.log_scores([prompt_ids[i] for i in chunk]))
+        scores = engine.log_scores([prompt_ids[i] for i in chunk])
+        if check is not None:
+            check(chunk, scores)
+        land(chunk, scores)
+
+
+@dataclass
+class SpotCheck:
+    """``classify --spot-check N``: of the rows the engine scores, in the order it scores them, every ``every``-th
+    (the N-th, the 2N-th, ...) is scored again by the package in float32 (``reference(rows)``: their log-scores) and
+    held to the golden set's test before its chunk lands; a disagreement stops the run in one line. 0: off."""
+
+    engine: Engine
+    reference: Callable[[list[int]], torch.Tensor]
+    every: int = SPOT_EVERY
+    seen: int = 0
+    checked: int = 0
+    seconds: float = 0.0
+
+    def __call__(self, rows: Sequence[int], scores: torch.Tensor) -> None:
+        """Check the chunk of input ``rows`` the engine gave ``scores``."""
+        picked = [j for j in range(len(rows)) if self.every and (self.seen + j + 1) % self.every == 0]
+        self.seen += len(rows)
+        if not picked:
+            return
+        started, chosen = time.perf_counter(), [rows[j] for j in picked]
+        labels = self.engine.scorer.labels
+        expected, found = LabelScores(labels, self.reference(chosen)), LabelScores(labels, scores[picked])
+        try:
+            names = [f"row {i + 1}" for i in chosen]
+            assert_agrees(expected, found, tolerance_for(self.engine.dtype), item_names=names)
+        except AssertionError as error:
+            first = str(error).strip().splitlines()[0]
+            fix = "rerun without --engine, or find what changed in the engine (docs/scale.md)"
+            raise EngineError(
+                f"--engine {self.engine.name}: spot check against the package in float32: {first}; "
+                f"that chunk did not land: {fix}"
+            ) from None
+        self.checked += len(chosen)
+        self.seconds += time.perf_counter() - started
+
+    def line(self) -> str:
+        """What the checks found and cost, in one line."""
+        if not self.every:
+            return f"--spot-check 0: none of the engine's {self.seen} rows checked after the golden set"
+        cost = f"{self.seconds:.1f} s of the package's float32"
+        found = "all agree" if self.checked else "none came up"
+        return f"spot check: {self.checked} of the engine's {self.seen} rows (1 in {self.every}), {cost}: {found}"

@@ -141,8 +141,10 @@ def test_the_engine_gives_the_packages_float32_label_on_every_row(tmp_path, caps
     examples = tmp_path / "examples.csv"
     pd.DataFrame(few_shot, columns=["text", "label"]).to_csv(examples, index=False)
     common = ["classify", str(source), *LABEL_ARGS, "--examples", str(examples), "--quiet"]
-    code, err = run([*common, "--output", str(tmp_path / "engine.csv"), "--engine", "vllm", "--verify", "4"], capsys)
+    engine = ["--engine", "vllm", "--verify", "4", "--spot-check", "8"]
+    code, err = run([*common, "--output", str(tmp_path / "engine.csv"), *engine], capsys)
     assert code == 0, err
+    assert "spot check: 5 of the engine's 40 rows (1 in 8)" in err and "all agree" in err, err
     assert "golden set of 32 rows: the same labels as the package in float32" in err
     assert "verified 4 random rows against the one-at-a-time reference: all agree" in err
     assert "scored by vllm" in err
@@ -303,3 +305,19 @@ def test_a_job_whose_engine_dies_part_way_says_in_one_line_what_it_kept(
     assert code == 2 and "stand-in: out of memory" in last, err
     assert "4 of the job's rows are kept in out.csv's progress files: rerun the same command to resume" in last, err
     assert not out.exists()
+
+
+def test_a_spot_check_that_disagrees_stops_the_job_before_its_chunk_lands(
+    stand_in, small_csv, tmp_path, capsys, monkeypatch
+):
+    """Every label -1.0 (the stand-in) is far from the package's scores: the 6th row, in the second chunk of 4, is
+    checked and stops the run; the first chunk stays landed, for a rerun to resume."""
+    stand_in("answer")
+    monkeypatch.setattr(engines, "CHUNK_ROWS", 4)
+    monkeypatch.setattr("helpers.classify.check_golden_set", lambda engine, *_, **__: engine)
+    out = tmp_path / "out.csv"
+    args = ["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm", "--prior", "none"]
+    code, err = run([*args, "--spot-check", "6", "--quiet"], capsys)
+    last = err.splitlines()[-1]
+    assert code == 2 and "spot check against the package in float32" in last and "row 6" in last, err
+    assert "4 of the job's rows are kept" in last and not out.exists(), err

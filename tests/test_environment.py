@@ -240,7 +240,7 @@ def test_the_command_lines_choices_and_defaults_are_the_modules_own(monkeypatch)
     from helpers import batching, bench, classify, engine, models, prior
 
     assert (cli.DEVICES, cli.BATCHING, cli.PRIORS) == (models.DEVICES, batching.STRATEGIES, prior.PRIORS)
-    assert cli.ENGINES == engine.ENGINES
+    assert (cli.ENGINES, cli.SPOT_EVERY) == (engine.ENGINES, engine.SPOT_EVERY)
     assert (cli.BATCH_SIZE, cli.PRIOR, cli.JOB_PRIOR_MIN_ROWS, cli.PRIOR_ROWS) == (
         classify.BATCH_SIZE,
         classify.PRIOR,
