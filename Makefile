@@ -96,9 +96,12 @@ $(ENGINE_VENV)/.installed: $(wildcard $(ENGINE_CONSTRAINTS))
 
 # Record the engine environment's versions for this build (commit the file: make engine then installs them).
 engine-freeze: engine
+	$(ENGINE_VENV)/bin/python -m pip freeze > $(ENGINE_CONSTRAINTS).new
 	{ echo "# The $(ENGINE_BUILD) engine environment's versions, as pip froze them after \`make engine\` (regenerate: make engine-freeze)."; \
-	  echo "# make engine installs vLLM under these constraints and rebuilds $(ENGINE_VENV) when this file changes."; \
-	  $(ENGINE_VENV)/bin/python -m pip freeze | sort -f; } > $(ENGINE_CONSTRAINTS)
+	  echo "# make engine installs vLLM under these constraints and reinstalls into $(ENGINE_VENV) when this file changes."; \
+	  sort -f $(ENGINE_CONSTRAINTS).new; } > $(ENGINE_CONSTRAINTS)
+	rm $(ENGINE_CONSTRAINTS).new
+	touch $(ENGINE_VENV)/.installed  # the environment is what the file says: no reinstall
 
 # The engine's tests alone (make test runs them too wherever .venv-engine exists; SLM_REQUIRE_ENGINE=1 fails them
 # instead of skipping where it does not).

@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+        if isinstance(error.__cause__, KeyboardInterrupt):  # classify's Stopped: Ctrl-C while it scored
+            return 130
         # Wait until every process has said a shared failure: the launcher, seeing one exit, could stop the rest first.
         from .processes import ProcessFailure
 

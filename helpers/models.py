@@ -335,14 +335,14 @@ def weights_identity(resolved: str) -> str:
         return f"random weights, seed 0, {json.dumps(TWINS[resolved], sort_keys=True)}"
     path = Path(resolved)
     if path.exists():
-        files = [path] if path.is_file() else sorted(f for pattern in WEIGHT_FILES for f in path.rglob(pattern))
+        files = [path] if path.is_file() else sorted(f for pattern in WEIGHT_FILES for f in path.glob(pattern))
         stats = [
             (str(f.relative_to(path) if f != path else f.name), f.stat().st_size, f.stat().st_mtime_ns) for f in files
         ]
         return "files " + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(resolved, "config.json")
+    cached = try_to_load_from_cache(resolved, "tokenizer_config.json")  # the job's tokenizer, loaded first, read it
     return f"hub revision {Path(cached).parent.name}" if isinstance(cached, str) else "hub, latest revision"
 
 

