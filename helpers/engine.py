@@ -246,21 +246,33 @@ def _stop(process: subprocess.Popen) -> None:
     process.stdout.close()
 
 
-def golden_check(engine: Engine, reference, prompt_ids, rows: Sequence[int]) -> dict:
-    """The engine against the package's float32 scores on ``rows`` (the golden set): identical labels and log-probs
-    within the engine dtype's tolerance (``tolerance_for``), else one line that stops the run before it starts.
-    ``reference(rows)``: the package's float32 log-scores of those rows."""
-    expected = LabelScores(engine.scorer.labels, reference(rows))
-    found = LabelScores(engine.scorer.labels, engine.log_scores([prompt_ids[i] for i in rows]))
-    tolerance = tolerance_for(engine.dtype)
+def held_to_float32(engine: Engine, expected: torch.Tensor, found: torch.Tensor, rows, what: str, after: str) -> dict:
+    """The engine's log-scores of input ``rows`` (``found``) against the package's float32 ones (``expected``):
+    identical labels and log-probs within the engine dtype's tolerance (``tolerance_for``), its stats; else one line,
+    ``--engine NAME: {what}: {the first disagreement}; {after}``. The golden set's test and the spot check's."""
+    labels, tolerance = engine.scorer.labels, tolerance_for(engine.dtype)
     try:
-        stats = assert_agrees(expected, found, tolerance, item_names=[f"row {i + 1}" for i in rows])
+        stats = assert_agrees(
+            LabelScores(labels, expected),
+            LabelScores(labels, found),
+            tolerance,
+            item_names=[f"row {i + 1}" for i in rows],
+        )
     except AssertionError as error:
         first = str(error).strip().splitlines()[0]
-        why = f"the golden set ({len(rows)} of the job's rows spread over their lengths) disagrees with the package"
-        fix = "check the model folder loads whole into the engine (docs/scale.md), or run without --engine"
-        raise EngineError(f"--engine {engine.name}: {why} in float32: {first}; nothing was written: {fix}") from None
-    return dict(stats, rows=[i + 1 for i in rows], atol=tolerance.atol)
+        raise EngineError(f"--engine {engine.name}: {what}: {first}; {after}") from None
+    return dict(stats, atol=tolerance.atol)
+
+
+def golden_check(engine: Engine, reference, prompt_ids, rows: Sequence[int]) -> dict:
+    """The engine against the package's float32 scores on ``rows`` (the golden set), by ``held_to_float32``: a
+    disagreement is one line that stops the run before it starts. ``reference(rows)``: the package's float32
+    log-scores of those rows."""
+    expected, found = reference(rows), engine.log_scores([prompt_ids[i] for i in rows])
+    why = f"the golden set ({len(rows)} of the job's rows spread over their lengths) disagrees with the package"
+    fix = "check the model folder loads whole into the engine (docs/scale.md), or run without --engine"
+    stats = held_to_float32(engine, expected, found, rows, f"{why} in float32", f"nothing was written: {fix}")
+    return dict(stats, rows=[i + 1 for i in rows])
 
 
 def engine_folder(name: str | None) -> str:
@@ -437,18 +449,11 @@ class SpotCheck:
         if not picked:
             return
         started, chosen = time.perf_counter(), [rows[j] for j in picked]
-        labels = self.engine.scorer.labels
-        expected, found = LabelScores(labels, self.reference(chosen)), LabelScores(labels, scores[picked])
-        try:
-            names = [f"row {i + 1}" for i in chosen]
-            assert_agrees(expected, found, tolerance_for(self.engine.dtype), item_names=names)
-        except AssertionError as error:
-            first = str(error).strip().splitlines()[0]
-            fix = "rerun without --engine, or find what changed in the engine (docs/scale.md)"
-            raise EngineError(
-                f"--engine {self.engine.name}: spot check against the package in float32: {first}; "
-                f"that chunk did not land: {fix}"
-            ) from None
+        what = "spot check against the package in float32"
+        fix = "rerun without --engine, or find what changed in the engine (docs/scale.md)"
+        held_to_float32(
+            self.engine, self.reference(chosen), scores[picked], chosen, what, f"that chunk did not land: {fix}"
+        )
         self.checked += len(chosen)
         self.seconds += time.perf_counter() - started
 
