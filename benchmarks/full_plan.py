@@ -1,7 +1,8 @@
 """Does the sample hold? Each group of rows is timed as notebooks 03 and 04 time it (``helpers.bench.sweep``: the
 block most like its stratum of every ``every``, alternating repeats, each block scaled to its stratum), then on all
-600 tickets (``every=1``: nothing estimated), in the same process; the sample's repeats half before the full runs,
-half after, so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints
+600 tickets (``every=1``: nothing estimated; each round block by block, every row's block in turn, so that drift over
+a long round falls on all rows alike), in the same process; the sample's repeats half before the full runs, half
+after, so a machine whose speed drifts widens the sample's spread instead of biasing the ratio unseen. It prints
 each row's two rates and their ratio, and each group's verdict (its first row against the others) from both, by the
 series' one rule (4 rounds each, as 03 and 04 run: ``--repeats 4 --whole 4``).
 
@@ -10,8 +11,8 @@ series' one rule (4 rounds each, as 03 and 04 run: ``--repeats 4 --whole 4``).
 
 Then, from the full runs alone, what the rule would have estimated had only the sample's blocks been timed, at
 this ``every`` and at 3, 6 and 9: those blocks' seconds, scaled by the rule, against the whole's, in the same round;
-beside it, the same with each stratum's middle block (the rule before issue 69). A drifting machine cannot bias
-those ratios, so they test the rule itself.
+beside it, the same with each stratum's block nearest its mean length alone, and its middle block (the two rules
+before). A drifting machine cannot bias those ratios, so they test the rule itself.
 
 A row is strategy:batch size:shots:block:every (strategies of ``helpers.bench.STRATEGIES``); rows with the same
 shots, block and every form a group, timed together. The default is notebook 03's race at its default sample
@@ -53,8 +54,9 @@ def main() -> None:
         if any(STRATEGIES[name][1] for name, _ in keys):
             cache = PrefixCache.for_prompts(model, tokenizer, labels=LABELS, examples=examples)
 
-        def timed(k, repeats):
-            return sweep(model, tokenizer, scorer, prompts, keys, Sample(block, k, repeats), cache, progress=False)[0]
+        def timed(k, repeats):  # all 600 (k=1) block by block, so that drift over a long round falls on all alike
+            sample = Sample(block, k, repeats, interleave=k == 1)
+            return sweep(model, tokenizer, scorer, prompts, keys, sample, cache, progress=False)[0]
 
         sample = timed(every, args.repeats - args.repeats // 2)
         whole = timed(1, args.whole)
@@ -76,12 +78,13 @@ def main() -> None:
         for k in sorted({3, 6, 9, every}):
             blocks, strata = sample_blocks(lengths, block, k)
             middle = [_middle(stratum, block) for stratum in strata]  # the rule before issue 69
+            nearest = [_nearest_mean(stratum, block, lengths) for stratum in strata]  # the rule before the last
             for key in keys:
                 w = whole[key]
                 position = {tuple(chunk): i for i, chunk in enumerate(w.blocks)}
                 prefix = cache.length if w.uses_prefix else 0
                 said, timed = [], len(sum(blocks, []))
-                for picked in (blocks, middle):
+                for picked in (blocks, nearest, middle):
                     rule = Row.plan(*key, lengths, (picked, strata), prefix)
                     ratios = [
                         w.estimate(seconds) / rule.estimate([seconds[position[tuple(b)]] for b in rule.blocks])
@@ -90,7 +93,8 @@ def main() -> None:
                     said.append(", ".join(f"{r:.3f}" for r in ratios))
                 print(
                     f"  every {k}: {w.timing.name}, {timed} of {POOL} tickets' blocks in the whole run, "
-                    f"scaled by the rule / all = {said[0]} (each whole round); middle blocks: {said[1]}",
+                    f"scaled by the rule / all = {said[0]} (each whole round); the block nearest the mean length: "
+                    f"{said[1]}; middle blocks: {said[2]}",
                     flush=True,
                 )
 
@@ -99,6 +103,13 @@ def _middle(stratum: list[int], block: int) -> list[int]:
     """The middle block of a stratum (its tickets in length order), the earlier of two."""
     chunks = [stratum[start : start + block] for start in range(0, len(stratum), block)]
     return chunks[(len(chunks) - 1) // 2]
+
+
+def _nearest_mean(stratum: list[int], block: int, lengths) -> list[int]:
+    """The block of a stratum whose mean length is nearest the stratum's (the rule before the token-weighted one)."""
+    chunks = [stratum[start : start + block] for start in range(0, len(stratum), block)]
+    whole = sum(lengths[i] for i in stratum) / len(stratum)
+    return min(chunks, key=lambda chunk: abs(sum(lengths[i] for i in chunk) / len(chunk) - whole))
 
 
 if __name__ == "__main__":

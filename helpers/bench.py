@@ -2,8 +2,8 @@
 sample of the reference's 600 tickets, scaled to all 600 by one stated rule, and checked against the loop.
 
 **The sample** (``sample_blocks``): the tickets sorted longest first, cut into blocks of the largest batch size (a
-whole number of batches at every size), of every ``every`` consecutive ones (a *stratum*) the one whose mean length
-is nearest the stratum's timed.
+whole number of batches at every size), of every ``every`` consecutive ones (a *stratum*) the one most like the
+stratum timed: in mean length and in token-weighted mean length (``_most_like``).
 **The rule** (``Row.plan``): each timed block's seconds times its stratum's padded tokens over its own, as the
 contender plans them (why per stratum, and ``benchmarks/full_plan.py``'s check against the full run: docs/scales.md).
 ``every=1`` times all 600. **The spread** of a number is its fastest and slowest repeat, each scaled the same way."""
@@ -45,14 +45,23 @@ def sample_blocks(lengths: Sequence[int], block: int, every: int) -> tuple[list[
 
 
 def _most_like(stratum: list[list[int]], lengths: Sequence[int]) -> list[int]:
-    """The block of ``stratum`` whose mean length is nearest the stratum's, the middle one among equals. Scaled by
-    tokens, a block shorter than its stratum's mean would also scale its fixed cost per call (per ticket, for the loop)
-    by more than the stratum's calls: the middle block of the long tail's stratum is such a block."""
-    whole = float(np.mean([lengths[i] for chunk in stratum for i in chunk]))
+    """The block of ``stratum`` most like it in the two things a block's seconds follow: its mean length (a fixed cost
+    per call, per ticket for the loop, is paid once per so many tokens) and its token-weighted mean length (the mean
+    length of the row a token sits in: attention's cost per token grows with it). Scaled by tokens, a block shorter
+    than its stratum scales its fixed costs by more than the stratum's calls (the loop reads slow); a block whose
+    tokens sit in shorter rows than its stratum's makes each token too cheap (sorted batches read fast). The block
+    whose worse of the two mismatches is the smallest, the middle one among equals."""
+
+    def shape(items) -> tuple[float, float]:  # mean length, token-weighted mean length
+        chosen = np.asarray([lengths[i] for i in items], dtype=float)
+        return float(chosen.mean()), float((chosen**2).sum() / chosen.sum())
+
+    mean, weighted = shape([i for chunk in stratum for i in chunk])
     middle = (len(stratum) - 1) / 2
 
-    def unlike(k: int) -> tuple[float, float]:  # block k's mean length from the stratum's, then from its middle
-        return round(abs(float(np.mean([lengths[i] for i in stratum[k]])) - whole), 6), abs(k - middle)
+    def unlike(k: int) -> tuple[float, float]:  # the worse relative mismatch, then the distance from the middle
+        block_mean, block_weighted = shape(stratum[k])
+        return round(max(abs(block_mean / mean - 1), abs(block_weighted / weighted - 1)), 6), abs(k - middle)
 
     return stratum[min(range(len(stratum)), key=unlike)]
 
@@ -176,6 +185,9 @@ class Sample:
     block: int
     every: int = 10
     repeats: int = 3
+    # Each round block by block, every contender's block in turn, not contender after contender: over a long round
+    # (all 600 tickets: benchmarks/full_plan.py) a machine's drift then falls on every contender alike.
+    interleave: bool = False
 
 
 def sweep(model, tokenizer, scorer, prompts, rows, sample: Sample, prefix=None, progress=True):
@@ -204,12 +216,19 @@ def sweep(model, tokenizer, scorer, prompts, rows, sample: Sample, prefix=None, 
             free_memory(model.device)
     keys = list(found)
     for repeat in tqdm(range(sample.repeats), desc=f"{len(keys)} rows x {sample.repeats} rounds", disable=not progress):
-        for key in keys if repeat % 2 == 0 else keys[::-1]:
+        order = keys if repeat % 2 == 0 else keys[::-1]
+        if sample.interleave:
+            parts = {key: [] for key in order}
+            for k in range(len(found[order[0]].blocks)):
+                for key in order:
+                    parts[key].append(run(found[key], found[key].blocks[k]))
+        else:
+            parts = {key: [run(found[key], chunk) for chunk in found[key].blocks] for key in order}
+        for key, done in parts.items():
             row = found[key]
-            parts = [run(row, chunk) for chunk in row.blocks]
-            row.block_seconds.append([part.info["seconds"] for part in parts])
+            row.block_seconds.append([part.info["seconds"] for part in done])
             row.seconds.append(row.estimate(row.block_seconds[-1]))
-            row.scores = _joined(parts)
+            row.scores = _joined(done)
     return found, failed
 
 

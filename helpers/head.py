@@ -4,13 +4,14 @@ The label scorer reads the LM head at the answer position: each label's first to
 that token's row of the LM head. Keep only those rows, one per label (a label of several tokens starts from its first
 token's row), add a bias per label (the label prior is exactly such a shift), and you have a linear classifier on the
 hidden state that, before any fitting, gives the zero-shot scorer's first-token labels. ``fit_head`` fits it to
-labelled rows as a logistic regression held near those rows (an L2 pull towards them, its strength chosen by
-cross-validation on the labelled rows), so that tens of labelled tickets move it where hundreds would be needed from
-zero. A fitted head can also read the mean of the final hidden states over the ticket's own tokens (``mean_from``: the
-shared prefix's length) instead of the answer position alone: the ticket's words are spread over its positions, and on
-the hand-written tickets the mean reads better (docs/classify.md). Scoring with it is one forward pass per row, on the
-prefix cache and in any batching, with no label tokens appended: ``LabelHead.installed`` puts it in the LM head's
-place and ``HeadScorer`` reads its outputs (a head is linear: the mean of its outputs is its output on the mean)."""
+labelled rows as a logistic regression on standardised states, held near those rows (an L2 pull towards them, its
+strength chosen by cross-validation on the labelled rows), so that tens of labelled tickets move it where hundreds
+would be needed from zero. A fitted head can also read the mean of the final hidden states over the ticket's own
+tokens (``mean_from``: the shared prefix's length) instead of the answer position alone: the ticket's words are spread
+over its positions, and on the hand-written tickets the mean reads better (docs/classify.md). Scoring with it is one
+forward pass per row, on the prefix cache and in any batching, with no label tokens appended: ``LabelHead.installed``
+puts it in the LM head's place and ``HeadScorer`` reads its outputs (a head is linear: the mean of its outputs is its
+output on the mean)."""
 
 from __future__ import annotations
 
@@ -191,8 +192,10 @@ def fit_head(
     start: LabelHead, states: torch.Tensor, gold: Sequence[str], strength: float | None = None, mean_from=None
 ) -> LabelHead:
     """``start`` (``LabelHead.from_lm_head``) fitted to labelled rows: their ``answer_states`` (``mean_from``: as they
-    were read) and labels. Every label needs a row; ``strength`` None: chosen by ``cross_validated_strength``.
-    Notebook 01, section 5."""
+    were read) and labels. Every label needs a row; ``strength`` None: chosen by ``cross_validated_strength``. The fit
+    runs on the states standardised over the labelled rows (each of the hidden state's features centred and scaled to
+    its spread there, the start's rows carried along), so that the pull weighs a change to each feature by how much
+    that feature varies between tickets; the head it returns reads raw states. Notebook 01, section 5."""
     gold = list(gold)
     if len(gold) != len(states):
         raise ValueError(f"{len(states)} hidden states but {len(gold)} labels: give one label per labelled row")
@@ -202,12 +205,31 @@ def fit_head(
         raise ValueError(f"no labelled row for {missing}: fitting needs at least one row of every label")
     targets = torch.tensor([start.labels.index(label) for label in gold])
     states = states.float().clone()  # a normal tensor, also where the caller made it in inference mode
-    chosen = cross_validated_strength(start, states, targets) if strength is None else strength
-    fitted = _fit(start, states, targets, chosen, steps=200)
+    centre = states.mean(0)
+    spread = states.std(0).clamp_min(1e-6)  # a feature constant over the rows: no pull is weighed by zero
+    standard = _standardised(start, centre, spread)
+    scaled = (states - centre) / spread
+    chosen = cross_validated_strength(standard, scaled, targets) if strength is None else strength
+    fitted = _raw(_fit(standard, scaled, targets, chosen, steps=200), centre, spread, start)
     accuracy = float((fitted.logits(states).argmax(-1) == targets).float().mean())
     fitted.info = dict(fitted_on=len(gold), strength=chosen, training_accuracy=accuracy)
     fitted.mean_from = mean_from
     return fitted
+
+
+def _standardised(head: LabelHead, centre: torch.Tensor, spread: torch.Tensor) -> LabelHead:
+    """``head`` on standardised states ``(state - centre) / spread``: the same logits for every state."""
+    rows = head.start if head.start is not None else head.weight
+    return LabelHead(
+        head.labels, head.weight * spread, head.bias + head.weight @ centre, rows * spread, mean_from=head.mean_from
+    )
+
+
+def _raw(head: LabelHead, centre: torch.Tensor, spread: torch.Tensor, start: LabelHead) -> LabelHead:
+    """A head fitted on standardised states, back on raw ones (``_standardised`` undone); ``start``: its centre."""
+    weight = head.weight / spread
+    rows = start.start if start.start is not None else start.weight
+    return LabelHead(head.labels, weight, head.bias - weight @ centre, rows, head.info, head.mean_from)
 
 
 def save_head(head: LabelHead, path: str | Path, scope: dict) -> None:

@@ -108,6 +108,22 @@ def test_fitting_learns_what_a_linear_rule_tells_apart_and_stays_near_its_start_
     assert (near.weight - start.weight).norm() < (far.weight - start.weight).norm()
 
 
+def test_the_fit_reads_each_feature_in_units_of_its_spread_over_the_labelled_rows():
+    """Rescale one feature of the states (and the start's weights on it, so the start's logits stay the same): the
+    fitted head's logits stay the same too, as they do only when the fit runs on standardised states."""
+    generator = torch.Generator().manual_seed(1)
+    targets = torch.arange(45) % 3
+    states = torch.randn(3, 8, generator=generator)[targets] + torch.randn(45, 8, generator=generator)
+    rows = torch.randn(3, 8, generator=generator) * 0.1
+    gold = [LABELS[i] for i in targets]
+    factor = torch.ones(8)
+    factor[2] = 1000.0
+    plain = fit_head(LabelHead(LABELS, rows, torch.zeros(3), rows), states, gold, strength=0.1)
+    scaled_rows = rows / factor
+    scaled = fit_head(LabelHead(LABELS, scaled_rows, torch.zeros(3), scaled_rows), states * factor, gold, strength=0.1)
+    assert torch.allclose(plain.logits(states), scaled.logits(states * factor), atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "gold,message",
     [
