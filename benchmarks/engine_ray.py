@@ -1,7 +1,8 @@
 """The plan beyond one machine (docs/scale.md), run small on one: Ray Data spreads a job's rows over WORKERS actors,
 each holding one vLLM engine (the requests ``classify --engine`` sends: the package's prompts as token ids, the
 labels' tokens as a tree, ``logprob_token_ids``, prefix caching), and every row's label is compared with the
-package's float32. On a cluster the same script's Ray part runs with ``ray.init(address="auto")``; here two workers
+package's float32; each worker first holds its engine to a golden file (``classify --save-golden``'s) on its own. On
+a cluster the same script's Ray part runs with ``ray.init(address="auto")``; here two workers
 share two cores, so its rate says nothing about speed, only that the rows come back whole and alike.
 
 Run: .venv-engine/bin/python -m pip install "ray[data]"   (once: Ray in the engine's environment), then
@@ -35,6 +36,10 @@ def ray_part(setup_path: str, out_path: str, workers: int) -> None:
     class Scorer:
         def __init__(self):
             self.llm, self.params = worker._start(setup)
+            # Each worker holds its own engine to the golden file before it scores a row (classify --save-golden)
+            golden = json.loads(Path(setup["golden"]).read_text())
+            if failed := worker.check_golden(self.llm, self.params, branches, golden):
+                raise RuntimeError(f"this worker's engine fails the golden set: {failed}")
 
         def __call__(self, batch):
             prompts = [list(map(int, ids)) for ids in batch["ids"]]
@@ -69,7 +74,7 @@ def main(n: int, workers: int) -> None:
 
     from helpers.checks import agreement
     from helpers.data import LABELS, build_prompt, encode_prompts, few_shot_examples, make_tickets
-    from helpers.engine import engine_folder, engine_python, label_branches, label_log_scores
+    from helpers.engine import engine_folder, engine_python, label_branches, label_log_scores, write_golden
     from helpers.models import load_model, machine_name
     from helpers.precision import run_plan
     from helpers.prefix_cache import PrefixCache
@@ -94,6 +99,8 @@ def main(n: int, workers: int) -> None:
     )
     with tempfile.TemporaryDirectory() as folder:
         setup_path, out_path = Path(folder) / "setup.json", Path(folder) / "out.json"
+        setup["golden"] = str(Path(folder) / "golden.json")  # 8 rows' package scores: each worker checks against them
+        write_golden(setup["golden"], scorer, ids, range(8), reference.log_scores[:8], "float32", {"model": "embedded"})
         setup_path.write_text(json.dumps(setup))
         env = dict(os.environ, PYTHONNOUSERSITE="1", TQDM_DISABLE="1")
         env.pop("PYTHONPATH", None)

@@ -132,6 +132,9 @@ def add_classify_parser(commands) -> None:
     spot = "with --engine: score every N-th of the engine's rows again in the package, in float32, and stop at any "
     spot += f"disagreement (default {SPOT_EVERY}; 0: off)"
     add("--spot-check", type=int, default=SPOT_EVERY, metavar="N", help=spot)
+    golden = "with --engine: save the golden set it passed (rows, token ids, the package's float32 scores), for each "
+    golden += "worker of a cluster job to check its own engine against at start (docs/scale.md)"
+    add("--save-golden", default=None, metavar="FILE", help=golden)
 
 
 def _process_group():

@@ -23,7 +23,17 @@ from . import precision, resume, tables
 from .batching import STRATEGIES, NonFiniteScores
 from .checks import tolerance_for, verify_sample
 from .data import encode_prompts, uses_chat_template
-from .engine import SPOT_EVERY, Engine, EngineError, SpotCheck, check_golden_set, run_in_chunks, start_engine
+from .engine import (
+    SPOT_EVERY,
+    Engine,
+    EngineError,
+    SpotCheck,
+    check_engine,
+    check_golden_set,
+    engine_identity,
+    run_in_chunks,
+    start_engine,
+)
 from .head import FOLDS, LabelHead, answer_states, fit_head, load_head, save_head
 from .precision import (
     calibration_rows,
@@ -139,6 +149,7 @@ class Options:
     device: str | None = None
     engine: str | None = None
     spot_check: int = SPOT_EVERY
+    save_golden: str | Path | None = None
     fit_head: str | Path | None = None
     save_head: str | Path | None = None
     head_from: str | Path | None = None
@@ -160,7 +171,14 @@ class Options:
                 else "a fitted head divides out none of its own (its bias is one)"
             )
             raise InputError(f"--save-prior with {why}: there is no prior to save")
-        for option, path in (("--save-prior", self.save_prior), ("--save-head", self.save_head)):
+        if self.save_golden is not None and not self.engine:
+            raise InputError(f"--save-golden {self.save_golden} saves the golden set an engine passed: give --engine")
+        saving = (
+            ("--save-prior", self.save_prior),
+            ("--save-head", self.save_head),
+            ("--save-golden", self.save_golden),
+        )
+        for option, path in saving:
             if path is not None and not Path(path).parent.is_dir():
                 raise InputError(f"{option} {path}: its folder does not exist")
         self._check_head()
@@ -252,6 +270,7 @@ class Passes:
     )
     engine: Engine | None = None  # --engine: it scores the rows (the package's model: the golden set, --verify)
     spot: SpotCheck | None = None  # --engine: its rows checked against the package's as they land
+    longest: int = 0  # the longest prompt's tokens and its longest label's: the engine's context (max_len)
 
     def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
@@ -359,24 +378,30 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     job.prior_file, head = group.step(partial(_scope_files, job, options, tokenizer, scorer))
     progress = _read_progress(group, job, options, _fingerprint(job, scorer, options, group.device, head))
     _say_how(tell, options, tokenizer, scorer, progress.done, len(job.table), job.output)
-    # The engine loads its model in its own process while the package loads its own; closed when the run ends.
-    engine = group.step(lambda: stack.enter_context(start_engine(options, scorer, group))) if options.engine else None
+    if options.engine:  # a missing or mismatched engine environment is one line before any model loads
+        group.step(partial(check_engine, options, group))
     from .models import load_model
 
     auto = options.dtype == "auto"
-    float32 = auto or engine is not None  # an engine's golden set and --verify compare with the package's float32
+    float32 = auto or options.engine is not None  # an engine's golden set and --verify compare with the float32 model
     wanted = dict(dtype="float32" if float32 else options.dtype, device=group.device, verbose=group.main, say=tell)
     model, tokenizer, info = group.step(partial(load_model, options.model_name, tokenizer=tokenizer, **wanted))
     half = _precision(group, options, model, info, job, tell) if auto else None
     if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
         progress.fingerprint["resolved"] = half or "float32"
     passes, cut = group.step(partial(_passes, model, tokenizer, scorer, job, options, half))
+    # The engine sized to the job's longest prompt, not the model's whole context (its cache would be sized for it);
+    # closed when the run ends.
+    starting = partial(start_engine, options, scorer, group, max_len=passes.longest)
+    engine = group.step(lambda: stack.enter_context(starting())) if options.engine else None
     if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
         head = head or group.decide(partial(_fitted_head, passes, job, options, tell))
         stack.enter_context(head.installed(model))
         passes.scorer = head.scorer()
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
-    passes.engine = engine and check_golden_set(engine.ready(), tokenizer, passes.prompts, passes.rescore, tell)
+    save = (options.save_golden, job.scope) if options.save_golden else None
+    golden = partial(check_golden_set, tokenizer=tokenizer, prompts=passes.prompts, reference=passes.rescore)
+    passes.engine = engine and golden(engine.ready(), tell=tell, save=save)
     passes.spot = engine and SpotCheck(engine, passes.rescore, options.spot_check)
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
@@ -407,9 +432,10 @@ class Progress:
 
 
 def _read_progress(group: Processes, job: Job, options: Options, fingerprint: dict) -> Progress:
-    """--overwrite removes another job's progress (the writer alone; the same job's still resumes), --restart this
-    job's too; every process
-    reads every progress file before any appends to its own: ``step`` waits for all of them each time."""
+    """Under several processes, their output folder checked to be one; --overwrite removes another job's progress
+    (the writer alone; the same job's still resumes), --restart this job's too; every process reads every progress
+    file before any appends to its own: ``step`` waits for all of them each time."""
+    group.check_shared(job.output.parent, job.output.name)  # one folder for every process's progress files
     keep = None if options.restart else fingerprint  # --restart: this job's progress too
     wanted = options.restart or options.overwrite
     group.step(lambda: wanted and group.main and resume.remove_progress(job.output, keep=keep))
@@ -561,7 +587,7 @@ def _fit_labelled(passes: Passes, job: Job, options: Options, tell) -> LabelHead
     texts, tokenizer = [text for text, _ in job.labelled], passes.tokenizer
     limit = tables.context_limit(passes.model, tokenizer, options.model_name or "the model")
     fit = (options.truncate, str(options.fit_head))
-    prompts, cut = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit)
+    prompts, cut, _ = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit)
     if cut:
         tell(f"--fit-head: cut {len(cut)} labelled row(s) to fit the context: {rows_text(cut, limit=10)}")
     # The head reads the mean final state over each ticket's own tokens (after the shared prefix): on the hand-written
@@ -586,8 +612,8 @@ def _fingerprint(job: Job, scorer, options: Options, device, head: LabelHead | N
     auto = options.dtype == "auto"
     if auto:  # which rows the half pass rescores depends on the prior (progress files hold raw scores otherwise)
         scoring["prior"] = str(job.prior_file or job.prior)
-    if options.engine:  # an engine's float32 sums in another order than the package's: its rows are its own
-        scoring["engine"] = options.engine
+    if options.engine:  # an engine's float32 sums in another order than the package's, another version's in its own
+        scoring["engine"] = engine_identity(options.engine)
     dtype, (model, prompt_format) = "auto" if auto else str(pick_dtype(options.dtype, device)), job.made_by
     if options.engine:  # the dtype the engine runs, whatever the device's default
         dtype = options.dtype or "float32"
@@ -637,11 +663,11 @@ def _passes(model, tokenizer, scorer, job: Job, options: Options, half):
     end_tokens = max(len(t) - len(label) for t, label in zip(scorer.token_ids, scorer.label_ids))
     limit = tables.context_limit(model, tokenizer, options.model_name or "the model")
     texts, fit = [record[options.text_column] for record in job.table.records], (options.truncate, str(job.table.path))
-    prompts, cut = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit, end_tokens)
+    prompts, cut, longest = tables.prepare_prompts(tokenizer, texts, job.labels, job.examples, limit, *fit, end_tokens)
     plan = options.plan
     if options.prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
         plan["prefix"] = PrefixCache.for_prompts(model, tokenizer, labels=job.labels, examples=job.examples)
-    return Passes(model, tokenizer, scorer, prompts, plan, half), cut
+    return Passes(model, tokenizer, scorer, prompts, plan, half, longest=longest), cut
 
 
 def _score_share(

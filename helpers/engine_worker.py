@@ -10,6 +10,9 @@ stdout; the engine's own messages go to stderr):
   that may come next (a label's next token): the labels of ``LabelScorer`` as a tree, one request per branch.
 - then ``{"prompts": [[token ids], ...]}``, answered ``{"logprobs": [[[lp per token] per branch] per prompt]}``.
 
+With ``"golden": path`` in the set-up, the engine is first held to that golden file (``check_golden``): a worker of a
+cluster job checks its own engine without the package's model, and a failure is its one-line error.
+
 Each branch is one request of the prompt's tokens plus its context, asking for the log-probabilities of its tokens
 alone (``logprob_token_ids``); with prefix caching on, a ticket's second branch reuses the first's keys and values.
 ``"method": "prompt_logprobs"`` (for comparison: benchmarks/engine.py) instead sends each prompt followed by each
@@ -115,6 +118,40 @@ def _score(llm, params, branches, prompts):
     return answers
 
 
+def label_sums(label_ids, branches, answer, normalize=False):
+    """One prompt's label log-scores from its per-branch answer, as ``helpers.engine.label_log_scores`` sums them."""
+    where = {tuple(context): (b, tokens) for b, (context, tokens) in enumerate(branches)}
+    sums = []
+    for ids in label_ids:
+        total = 0.0
+        for k, token in enumerate(ids):
+            b, tokens = where[tuple(ids[:k])]
+            total += answer[b][tokens.index(token)]
+        sums.append(total / len(ids) if normalize else total)
+    return sums
+
+
+def check_golden(llm, params, branches, golden: dict):
+    """The engine against a golden file (``classify --save-golden``): None where every row has the package's label
+    and log-scores within its tolerance (a near tie, where the file allows it, may order either way), else one line
+    naming the first row that does not."""
+    answers = _score(llm, params, branches, golden["prompts"])
+    atol = golden["atol"]
+    for row, expected, answer in zip(golden["rows"], golden["expected"], answers):
+        found = label_sums(golden["label_ids"], branches, answer, golden.get("normalize", False))
+        gap = max(abs(a - b) for a, b in zip(expected, found))
+        want, got = expected.index(max(expected)), found.index(max(found))
+        ranked = sorted(expected, reverse=True)
+        tie = golden.get("near_ties") and len(ranked) > 1 and ranked[0] - ranked[1] <= atol
+        if gap > atol or (want != got and not tie):
+            labels = golden["labels"]
+            return (
+                f"row {row}: label {labels[got]!r} where the package's is {labels[want]!r}, log-probs up to "
+                f"{gap:.2e} apart (tolerance {atol:g})"
+            )
+    return None
+
+
 def main() -> int:
     stream = _protocol_stream()
     setup = json.loads(sys.stdin.readline())
@@ -130,6 +167,12 @@ def main() -> int:
         _answer(stream, {"error": _first_line(error), "stage": "load"})
         return 1
     branches = [(list(context), list(tokens)) for context, tokens in setup["branches"]]
+    if setup.get("golden"):  # a worker's own check at start, against the file alone (classify --save-golden)
+        with open(setup["golden"], encoding="utf-8") as handle:
+            golden = json.load(handle)
+        if failed := check_golden(llm, params, branches, golden):
+            _answer(stream, {"error": f"the golden set {setup['golden']} fails: {failed}", "stage": "golden"})
+            return 1
     seconds = time.perf_counter() - started
     _answer(stream, {"ready": {"engine": "vllm", "version": vllm.__version__, "seconds": seconds}})
     for line in sys.stdin:

@@ -4,7 +4,9 @@ process, each step is a plain call (docs/classify.md, "More than one process")."
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .tables import InputError, one_line
@@ -62,6 +64,29 @@ class Processes:
     def decide(self, work: Callable[[], Any]) -> Any:
         """``work``'s result on rank 0, the same on every process (the others do not run it)."""
         return self.gather([self.step(lambda: work() if self.main else None)])[0]
+
+    def check_shared(self, folder: Path, name: str) -> None:
+        """Every process writes a mark in ``folder`` (named after ``name``, with a token of this run) and checks it
+        sees every other process's: the progress files and the output live there, and processes on machines that do
+        not share it would each resume from their own disk's files and fail after a whole scoring pass. A folder not
+        shared is one line on every process, before any row is scored. One process: nothing to check."""
+        if self.count == 1:
+            return
+        token = self.decide(lambda: secrets.token_hex(8))
+        marks = [folder / f".{name}.process.{rank}" for rank in range(self.count)]
+        self.step(lambda: marks[self.rank].write_text(token, encoding="utf-8"))
+
+        def check():
+            seen = sum(mark.is_file() and mark.read_text(encoding="utf-8") == token for mark in marks)
+            if seen < self.count:
+                why = f"process {self.rank} sees the marks of {seen} of the run's {self.count} processes there"
+                fix = "give --output a path in a folder every machine sees (the progress files are kept beside it)"
+                raise InputError(f"{folder}: the output's folder is not shared by the run's processes ({why}): {fix}")
+
+        try:
+            self.step(check)
+        finally:
+            self.step(lambda: marks[self.rank].unlink(missing_ok=True))
 
     def share(self, rows: list[int]) -> list[int]:
         """This process's share of ``rows`` (contiguous, the first processes one more where they do not divide)."""

