@@ -38,7 +38,7 @@ def ray_part(setup_path: str, out_path: str, workers: int) -> None:
             self.llm, self.params = worker._start(setup)
             # Each worker holds its own engine to the golden file before it scores a row (classify --save-golden)
             golden = json.loads(Path(setup["golden"]).read_text())
-            if failed := worker.check_golden(self.llm, self.params, branches, golden):
+            if failed := worker.check_golden(self.llm, self.params, branches, golden, setup):
                 raise RuntimeError(f"this worker's engine fails the golden set: {failed}")
 
         def __call__(self, batch):
@@ -92,6 +92,7 @@ def main(n: int, workers: int) -> None:
         model=engine_folder("embedded"),
         dtype="float32",
         branches=branches,
+        labels=[list(ids) for ids in scorer.token_ids],
         eager=True,
         device="cpu",
         kv_cache_bytes=1 << 30,

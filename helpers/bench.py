@@ -219,7 +219,7 @@ def sweep(model, tokenizer, scorer, prompts, rows, sample: Sample, prefix=None, 
         order = keys if repeat % 2 == 0 else keys[::-1]
         if sample.interleave:
             parts = {key: [] for key in order}
-            for k in range(len(found[order[0]].blocks)):
+            for k in range(len(found[order[0]].blocks) if order else 0):  # every row may have run out of memory
                 for key in order:
                     parts[key].append(run(found[key], found[key].blocks[k]))
         else:

@@ -271,6 +271,23 @@ class Passes:
     engine: Engine | None = None  # --engine: it scores the rows (the package's model: the golden set, --verify)
     spot: SpotCheck | None = None  # --engine: its rows checked against the package's as they land
     longest: int = 0  # the longest prompt's tokens and its longest label's: the engine's context (max_len)
+    reload: Callable | None = None  # loads the package's model again (--verify after the engine's job released it)
+
+    def release(self) -> None:
+        """Free the package's model for the engine's job (its golden set, its spot checks' references and the prior
+        are scored): on a GPU it no longer holds memory beside the engine's. ``checking_model`` loads it again."""
+        from .models import free_memory
+
+        device = self.model.device
+        self.model = None
+        self.plan.pop("prefix", None)  # the prefix cache holds the model too
+        free_memory(device)
+
+    def checking_model(self):
+        """The package's float32 model, loaded again where the engine's job released it (``release``)."""
+        if self.model is None:
+            self.model = self.reload()[0]
+        return self.model
 
     def share(self, rows: list[int], land: Callable, note: Callable | None = None) -> dict:
         """Score ``rows`` (input rows) on the fastest verified path; ``land(rows, scores, full, exact)`` as each batch
@@ -376,11 +393,12 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     job = group.step(partial(Job.read, input_path, labels, output_path, options))
     tokenizer, scorer = group.step(partial(_label_scorer, job.labels, options))
     job.prior_file, head = group.step(partial(_scope_files, job, options, tokenizer, scorer))
-    progress = _read_progress(group, job, options, _fingerprint(job, scorer, options, group.device, head))
+    fingerprint = group.step(partial(_fingerprint, job, scorer, options, group.device, head))
+    progress = _read_progress(group, job, options, fingerprint)
     _say_how(tell, options, tokenizer, scorer, progress.done, len(job.table), job.output)
     if options.engine:  # a missing or mismatched engine environment is one line before any model loads
         group.step(partial(check_engine, options, group))
-    from .models import load_model
+    from .models import free_memory, load_model
 
     auto = options.dtype == "auto"
     float32 = auto or options.engine is not None  # an engine's golden set and --verify compare with the float32 model
@@ -390,13 +408,17 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     if auto:  # one precision per run: a resumed run reads it back (resume.resolved)
         progress.fingerprint["resolved"] = half or "float32"
     passes, cut = group.step(partial(_passes, model, tokenizer, scorer, job, options, half))
+    passes.reload = partial(load_model, options.model_name, tokenizer=tokenizer, **dict(wanted, verbose=False))
+    del model  # the passes hold it from here on: the engine's job releases it (Passes.release)
     # The engine sized to the job's longest prompt, not the model's whole context (its cache would be sized for it);
     # closed when the run ends.
+    if options.engine:  # what the package's loading left cached on a GPU goes back before the engine sizes itself
+        free_memory(group.device)
     starting = partial(start_engine, options, scorer, group, max_len=passes.longest)
     engine = group.step(lambda: stack.enter_context(starting())) if options.engine else None
     if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
         head = head or group.decide(partial(_fitted_head, passes, job, options, tell))
-        stack.enter_context(head.installed(model))
+        stack.enter_context(head.installed(passes.model))
         passes.scorer = head.scorer()
     # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
     save = (options.save_golden, job.scope) if options.save_golden else None
@@ -451,6 +473,11 @@ def _score_and_conclude(group, passes: Passes, job: Job, progress: Progress, out
     fixed, sampled = _known_prior(group, passes, job, progress, bar)
     passes.prior, done = fixed, progress.done
     mine = group.share([i for i in range(len(job.table)) if i not in done and i not in sampled])
+    if passes.engine is not None:  # the package's part is done before the engine's job: its model is freed for it
+        if passes.spot:
+            passes.spot.prepare(mine)
+        passes.release()
+        tell("the package's model is released for the engine's job (--verify loads it again)")
     fingerprint = progress.fingerprint
     scored, run = group.step(partial(_score_share, passes, mine, job.output, group, fingerprint, bar, len(done)))
     pairs, runs = group.gather(list(scored.items())), [run for run in group.gather([run]) if run]
@@ -667,7 +694,8 @@ def _passes(model, tokenizer, scorer, job: Job, options: Options, half):
     plan = options.plan
     if options.prefix_cache:  # float32 in every pass, also --dtype auto's half-precision ones (helpers.precision)
         plan["prefix"] = PrefixCache.for_prompts(model, tokenizer, labels=job.labels, examples=job.examples)
-    return Passes(model, tokenizer, scorer, prompts, plan, half, longest=longest), cut
+    labels = max(len(ids) for ids in scorer.token_ids)  # as scored after a prompt (a leading space, an end marker)
+    return Passes(model, tokenizer, scorer, prompts, plan, half, longest=longest + labels), cut
 
 
 def _score_share(
@@ -781,7 +809,7 @@ def _verify(passes: Passes, scores: LabelScores, k: int, fixed, tell) -> dict:
     """--verify: under --dtype auto float32's labels, under the prior the run ends with (its promise)."""
     half, engine = passes.half, passes.engine
     shift = (fixed.for_labels(scores.labels) if fixed is not None else 0.0) if half else None
-    model = passes.model
+    model = passes.checking_model()
     tokenizer = passes.tokenizer
     scorer = passes.scorer
     dtype = half or (engine and engine.dtype)

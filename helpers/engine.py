@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import queue
-import select
 import subprocess
 import tempfile
 import threading
@@ -26,7 +25,7 @@ import torch
 from .checks import agreement, assert_agrees, tolerance_for
 from .data import encode_prompts
 from .scoring import LabelScores
-from .tables import InputError
+from .tables import InputError, atomic_write
 
 ENGINES = ("vllm",)
 ENGINE_VENV = ".venv-engine"
@@ -132,7 +131,7 @@ def label_log_scores(token_ids, branches, answers, normalize: bool = False) -> t
 
 
 class Engine:
-    """The engine in its own process, started at once and waited for at ``ready()`` (the package loads its model
+    """The engine in its own process, started at once and waited for at ``ready()`` (the caller's work goes on
     meanwhile): ``log_scores(prompt_ids)`` gives every label's log-score per prompt. Its messages go to ``log``.
     ``eager``: no compilation (vLLM's ``enforce_eager``): compiled ran within noise of it on the article's tickets on a
     2-core EPYC and started in 66 s against 20 (benchmarks/engine.py; docs/scale.md)."""
@@ -166,14 +165,17 @@ class Engine:
         with self.log.open("w") as log:
             pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             self.process = subprocess.Popen([str(python), str(WORKER)], **pipes)  # noqa: S603 - our own script
-        # Requests are written by a thread of their own: a request larger than the pipe's buffer waits there until
-        # the engine reads it, and this side meanwhile keeps watching for answers, a hung engine's silence included.
-        self._outbox = queue.Queue()
+        # Requests are written, and answers read, by threads of their own: a request larger than the pipe's buffer
+        # waits there until the engine reads it, answers wait in a queue (none hidden in a read buffer), and this side
+        # meanwhile keeps watching the clock, a hung engine's silence included.
+        self._outbox, self._inbox = queue.Queue(), queue.Queue()
         writer = threading.Thread(target=_write_lines, args=(self.process, self._outbox), daemon=True)
         writer.start()
+        reader = threading.Thread(target=_read_lines, args=(self.process, self._inbox), daemon=True)
+        reader.start()
         self._sent = deque()  # per request in flight: its prompt tokens and when it was sent
         self._answered_at = time.monotonic()
-        self._closer = weakref.finalize(self, _stop, self.process, self._outbox, writer)
+        self._closer = weakref.finalize(self, _stop, self.process, self._outbox, writer, reader)
         self._send(setup)
 
     def _send(self, message: dict) -> None:
@@ -181,7 +183,8 @@ class Engine:
 
     def _receive(self, doing: str, wait: float | None = None) -> dict:
         """The engine's next answer; ``wait``: seconds before a silent engine counts as hung (None: no limit)."""
-        if wait is not None and not self._answers_within(wait):
+        line = self._next_line(wait)
+        if line is None:
             self.failed = True
             self.process.kill()  # a stopped process ignores its closed input
             self.close()
@@ -189,7 +192,6 @@ class Engine:
                 f"--engine {self.name} {doing}: no answer in {wait:.0f} s, the process was running "
                 f"but silent (hung or stopped), so it was killed (its log: {self.log})"
             )
-        line = self.process.stdout.readline()
         answer = json.loads(line) if line.strip() else {"error": f"the engine process ended ({self._last_log_line()})"}
         if "error" in answer:
             self.failed = answer.get("stage") != "import"  # its log stays, named in the message
@@ -202,15 +204,23 @@ class Engine:
             raise EngineError(f"--engine {self.name} {doing}: {answer['error']} (its log: {self.log})")
         return answer
 
-    def _answers_within(self, seconds: float) -> bool:
-        """Whether an answer (or the process's end, which ``_receive`` reads as one) comes within ``seconds``: the
-        answer stream is watched, and the process checked for life, once a second."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([self.process.stdout], [], [], min(left, 1.0))
-            if readable or self.process.poll() is not None:
-                return True
-        return False
+    def _next_line(self, seconds: float | None) -> str | None:
+        """The engine's next answer line ("" where its process ended), or None where none comes within ``seconds``
+        (None: no limit); the process is checked for life once a second."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while deadline is None or (left := deadline - time.monotonic()) > 0:
+            try:
+                return self._inbox.get(timeout=1.0 if deadline is None else min(left, 1.0))
+            except queue.Empty:
+                if self.process.poll() is not None:  # ended: the reader's last lines, then its "" at the end
+                    return self._last_words()
+        return None
+
+    def _last_words(self) -> str:
+        try:
+            return self._inbox.get(timeout=5.0)
+        except queue.Empty:
+            return ""
 
     def wait_for(self, tokens: int) -> float:
         """Seconds to wait for the answer to a request of ``tokens`` prompt tokens (``FIRST_WAIT`` and its kin)."""
@@ -240,10 +250,16 @@ class Engine:
         self._sent.append((len(prompt_ids), sum(len(ids) for ids in prompt_ids), time.monotonic()))
         self._send({"prompts": [list(map(int, ids)) for ids in prompt_ids]})
 
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet collected."""
+        return len(self._sent)
+
     def collect(self) -> torch.Tensor:
         """The oldest request's log-scores, [prompts, labels]; its wait scaled to its tokens (``wait_for``)."""
-        prompts, tokens, sent = self._sent.popleft()
+        prompts, tokens, sent = self._sent[0]
         answer = self._receive(f"failed while scoring {prompts} prompts", self.wait_for(tokens))
+        self._sent.popleft()  # answered: a read cut short by Ctrl-C leaves it in flight, for ``abandon`` to see
         # The engine works on a request from when it was sent or the one before it was answered, whichever is later.
         now = time.monotonic()
         per_token = (now - max(sent, self._answered_at)) / max(tokens, 1)
@@ -253,6 +269,11 @@ class Engine:
             return torch.tensor(answer["label_logprobs"]) / (self.scorer.lengths if self.scorer.normalize else 1)
         answers = answer["logprobs"]
         return label_log_scores(self.scorer.token_ids, self.branches, answers, self.scorer.normalize)
+
+    def abandon(self) -> None:
+        """Stop the engine now, requests still in flight: their answers would be read as a later request's."""
+        self.process.kill()
+        self.close()
 
     def describe(self) -> str:
         context = f"context {self.max_len} tokens" if self.max_len else "the model's whole context"
@@ -271,6 +292,16 @@ class Engine:
         self.close()
 
 
+def _read_lines(process: subprocess.Popen, inbox: queue.Queue) -> None:
+    """The engine's answer reader (a thread): each line of its output into ``inbox``, then "" at its end."""
+    try:
+        for line in process.stdout:
+            inbox.put(line)
+    except (OSError, ValueError):  # closed under it
+        pass
+    inbox.put("")
+
+
 def _write_lines(process: subprocess.Popen, outbox: queue.Queue) -> None:
     """The engine's request writer (a thread): each line from ``outbox`` to its input, until None."""
     while (line := outbox.get()) is not None:
@@ -281,9 +312,11 @@ def _write_lines(process: subprocess.Popen, outbox: queue.Queue) -> None:
             return
 
 
-def _stop(process: subprocess.Popen, outbox: queue.Queue, writer: threading.Thread) -> None:
+def _stop(process: subprocess.Popen, outbox: queue.Queue, writer: threading.Thread, reader: threading.Thread) -> None:
     outbox.put(None)
-    writer.join(timeout=5)  # a request still being written to a stopped process: closing its input ends that
+    writer.join(timeout=5)
+    if writer.is_alive():  # still writing a request the engine does not read: closing its input would wait for ever
+        process.kill()
     with contextlib.suppress(OSError):
         process.stdin.close()  # the worker's loop ends at end of input
     try:
@@ -291,7 +324,9 @@ def _stop(process: subprocess.Popen, outbox: queue.Queue, writer: threading.Thre
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    process.stdout.close()
+    reader.join(timeout=5)  # the process ended: its output's end reached
+    if not reader.is_alive():
+        process.stdout.close()
 
 
 def held_to_float32(engine: Engine, expected: torch.Tensor, found: torch.Tensor, rows, what: str, after: str) -> dict:
@@ -341,7 +376,7 @@ def write_golden(path, scorer, prompt_ids, rows: Sequence[int], expected: torch.
         prompts=[list(map(int, prompt_ids[i])) for i in rows],
         expected=expected.tolist(),
     )
-    Path(path).write_text(json.dumps(saved) + "\n", encoding="utf-8")
+    atomic_write(Path(path), lambda handle: handle.write(json.dumps(saved) + "\n"))
 
 
 def engine_folder(name: str | None) -> str:
@@ -517,14 +552,19 @@ def run_in_chunks(engine: Engine, prompt_ids, rows: Sequence[int], land, check=N
             check(chunk, scores)
         land(chunk, scores)
 
-    for start in range(0, len(rows), CHUNK_ROWS):
-        chunk = list(rows[start : start + CHUNK_ROWS])
-        engine.submit([prompt_ids[i] for i in chunk])
-        sent.append(chunk)
-        if len(sent) >= max(in_flight, 1):
+    try:
+        for start in range(0, len(rows), CHUNK_ROWS):
+            chunk = list(rows[start : start + CHUNK_ROWS])
+            engine.submit([prompt_ids[i] for i in chunk])
+            sent.append(chunk)
+            if len(sent) >= max(in_flight, 1):
+                land_oldest()
+        while sent:
             land_oldest()
-    while sent:
-        land_oldest()
+    except BaseException:  # a failed check, Ctrl-C: nothing may read the answers still in flight as later ones
+        if engine.in_flight:
+            engine.abandon()
+        raise
 
 
 @dataclass
@@ -540,19 +580,34 @@ class SpotCheck:
     seen: int = 0
     checked: int = 0
     seconds: float = 0.0
+    prepared: dict = field(default_factory=dict)  # row -> the package's scores, computed before the engine's job
+
+    def picks(self, row: int) -> bool:
+        """Whether input ``row`` is checked: its number a multiple of ``every`` (a rerun checks the same rows)."""
+        return bool(self.every) and (row + 1) % self.every == 0
+
+    def prepare(self, rows: Sequence[int]) -> None:
+        """The package's scores of the rows among ``rows`` this check picks, computed now, before the engine's job,
+        so that the package's model can be freed for it (``classify``)."""
+        started, picked = time.perf_counter(), [row for row in rows if self.picks(row)]
+        if picked:
+            self.prepared.update(zip(picked, self.reference(picked)))
+        self.seconds += time.perf_counter() - started
 
     def __call__(self, rows: Sequence[int], scores: torch.Tensor) -> None:
         """Check the chunk of input ``rows`` the engine gave ``scores``."""
-        picked = [j for j, row in enumerate(rows) if self.every and (row + 1) % self.every == 0]  # a rerun: the same
+        picked = [j for j, row in enumerate(rows) if self.picks(row)]
         self.seen += len(rows)
         if not picked:
             return
         started, chosen = time.perf_counter(), [rows[j] for j in picked]
+        if all(row in self.prepared for row in chosen):
+            expected = torch.stack([self.prepared[row] for row in chosen])
+        else:
+            expected = self.reference(chosen)
         what = "spot check against the package in float32"
         fix = "rerun without --engine, or find what changed in the engine (docs/scale.md)"
-        held_to_float32(
-            self.engine, self.reference(chosen), scores[picked], chosen, what, f"that chunk did not land: {fix}"
-        )
+        held_to_float32(self.engine, expected, scores[picked], chosen, what, f"that chunk did not land: {fix}")
         self.checked += len(chosen)
         self.seconds += time.perf_counter() - started
 

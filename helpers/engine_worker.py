@@ -131,10 +131,15 @@ def label_sums(label_ids, branches, answer, normalize=False):
     return sums
 
 
-def check_golden(llm, params, branches, golden: dict):
-    """The engine against a golden file (``classify --save-golden``): None where every row has the package's label
-    and log-scores within its tolerance (a near tie, where the file allows it, may order either way), else one line
-    naming the first row that does not."""
+def check_golden(llm, params, branches, golden: dict, setup: dict):
+    """The engine (its ``setup``) against a golden file (``classify --save-golden``): None where every row has the
+    package's label and log-scores within the file's tolerance (as ``helpers.checks.assert_agrees``: a NaN never
+    agrees; where the file allows near ties, a label may differ where the package's top two are closer than it),
+    else one line naming the first row that does not, or what does not fit."""
+    if golden.get("dtype") != setup["dtype"]:
+        return f"it was made for an engine in {golden.get('dtype')}, not {setup['dtype']}"
+    if golden.get("label_ids") != setup.get("labels") or setup.get("method") == "prompt_logprobs":
+        return "its labels' tokens are not this engine's labels (or the engine does not score by branches)"
     answers = _score(llm, params, branches, golden["prompts"])
     atol = golden["atol"]
     for row, expected, answer in zip(golden["rows"], golden["expected"], answers):
@@ -142,8 +147,8 @@ def check_golden(llm, params, branches, golden: dict):
         gap = max(abs(a - b) for a, b in zip(expected, found))
         want, got = expected.index(max(expected)), found.index(max(found))
         ranked = sorted(expected, reverse=True)
-        tie = golden.get("near_ties") and len(ranked) > 1 and ranked[0] - ranked[1] <= atol
-        if gap > atol or (want != got and not tie):
+        tie = golden.get("near_ties") and len(ranked) > 1 and ranked[0] - ranked[1] < atol
+        if not gap <= atol or (want != got and not tie):  # "not <=": a NaN fails
             labels = golden["labels"]
             return (
                 f"row {row}: label {labels[got]!r} where the package's is {labels[want]!r}, log-probs up to "
@@ -170,7 +175,7 @@ def main() -> int:
     if setup.get("golden"):  # a worker's own check at start, against the file alone (classify --save-golden)
         with open(setup["golden"], encoding="utf-8") as handle:
             golden = json.load(handle)
-        if failed := check_golden(llm, params, branches, golden):
+        if failed := check_golden(llm, params, branches, golden, setup):
             _answer(stream, {"error": f"the golden set {setup['golden']} fails: {failed}", "stage": "golden"})
             return 1
     seconds = time.perf_counter() - started

@@ -209,8 +209,8 @@ def context_limit(model, tokenizer, name: str) -> int:
 
 
 def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncate: bool, source="input", end_tokens=0):
-    """(prompts, rows cut, the longest prompt's tokens with the longest label's): a prompt too long for the model is
-    an error, or cut at the head with ``truncate``. Each prompt is tokenized once (twice where it is cut)."""
+    """(prompts, rows cut, the longest prompt's tokens): a prompt too long for the model is an error, or cut at the
+    head with ``truncate``. Each prompt is tokenized once (twice where it is cut)."""
     label_room = max(len(encode_prompt(tokenizer, label)) for label in labels) + end_tokens
     overhead = len(encode_prompt(tokenizer, build_prompt(tokenizer, "", labels, examples)))
     budget = max_tokens - label_room - overhead
@@ -237,7 +237,7 @@ def prepare_prompts(tokenizer, texts, labels, examples, max_tokens: int, truncat
             if tokens > max_tokens:
                 raise InputError(f"{source}: row {row}: cannot be cut to fit the model's {max_tokens}-token context")
         prompts.append(prompt)
-        longest = max(longest, tokens)
+        longest = max(longest, tokens - label_room)
     if cut and not truncate:
         context = f"longer than the model's {max_tokens}-token context; pass --truncate to keep each ticket's head"
         raise InputError(f"{source}: {rows_text(cut)}: {context}")
