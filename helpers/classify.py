@@ -391,6 +391,7 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     group = Processes(options.device)
     tell = (say or _to_stderr) if group.main else _say_nothing
     job = group.step(partial(Job.read, input_path, labels, output_path, options))
+    options = _one_model(group, options, tell)
     tokenizer, scorer = group.step(partial(_label_scorer, job.labels, options))
     job.prior_file, head = group.step(partial(_scope_files, job, options, tokenizer, scorer))
     fingerprint = group.step(partial(_fingerprint, job, scorer, options, group.device, head))
@@ -398,7 +399,7 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     _say_how(tell, options, tokenizer, scorer, progress.done, len(job.table), job.output)
     if options.engine:  # a missing or mismatched engine environment is one line before any model loads
         group.step(partial(check_engine, options, group))
-    from .models import free_memory, load_model
+    from .models import load_model
 
     auto = options.dtype == "auto"
     float32 = auto or options.engine is not None  # an engine's golden set and --verify compare with the float32 model
@@ -410,21 +411,11 @@ def _classify(input_path, labels, output_path, options: Options, say, stack: con
     passes, cut = group.step(partial(_passes, model, tokenizer, scorer, job, options, half))
     passes.reload = partial(load_model, options.model_name, tokenizer=tokenizer, **dict(wanted, verbose=False))
     del model  # the passes hold it from here on: the engine's job releases it (Passes.release)
-    # The engine sized to the job's longest prompt, not the model's whole context (its cache would be sized for it);
-    # closed when the run ends.
-    if options.engine:  # what the package's loading left cached on a GPU goes back before the engine sizes itself
-        free_memory(group.device)
-    starting = partial(start_engine, options, scorer, group, max_len=passes.longest)
-    engine = group.step(lambda: stack.enter_context(starting())) if options.engine else None
     if options.head:  # fitted on rank 0, handed out, in the LM head's place for the rest of the run
         head = head or group.decide(partial(_fitted_head, passes, job, options, tell))
         stack.enter_context(head.installed(passes.model))
         passes.scorer = head.scorer()
-    # The engine against the package before any row is scored: a mismatch stops the run, nothing written.
-    save = (options.save_golden, job.scope) if options.save_golden else None
-    golden = partial(check_golden_set, tokenizer=tokenizer, prompts=passes.prompts, reference=passes.rescore)
-    passes.engine = engine and golden(engine.ready(), tell=tell, save=save)
-    passes.spot = engine and SpotCheck(engine, passes.rescore, options.spot_check)
+    engine = group.step(partial(_checked_engine, passes, job, options, group, stack, tell)) if options.engine else None
     if cut:
         tell(f"cut {len(cut)} row(s) to fit the context (kept each text's head): {rows_text(cut, limit=10)}")
     dtype = f"{half} verified in float32" if half else engine.dtype if engine else info.dtype
@@ -553,6 +544,34 @@ def _conclude(passes: Passes, job: Job, gathered: Gathered, outcome: ClassifyRes
     tables.write_results(job.table, scores, job.output)
     resume.remove_progress(job.output)  # the output holds every row now
     outcome.output = job.output
+
+
+def _checked_engine(passes: Passes, job: Job, options: Options, group: Processes, stack, tell) -> Engine:
+    """``--engine``: the engine started, sized to the job's longest prompt (not the model's whole context, for which
+    it would size its cache), closed with ``stack``; then held to the package on the golden set before any row is
+    scored (a mismatch stops the run, nothing written), and its spot check set."""
+    from .models import free_memory
+
+    free_memory(
+        group.device
+    )  # what the package's loading left cached on a GPU goes back before the engine sizes itself
+    engine = stack.enter_context(start_engine(options, passes.scorer, group, max_len=passes.longest))
+    save = (options.save_golden, job.scope) if options.save_golden else None
+    passes.engine = check_golden_set(engine.ready(), passes.tokenizer, passes.prompts, passes.rescore, tell, save)
+    passes.spot = SpotCheck(engine, passes.rescore, options.spot_check)
+    return engine
+
+
+def _one_model(group: Processes, options: Options, tell) -> Options:
+    """``options`` with the model every process loads: resolved on rank 0 (the default is Qwen where it is cached,
+    else the embedded model, which a machine's cache decides) and handed out, so that no process scores its share
+    with another model; one that cannot load it stops them all (``Processes.step``)."""
+    from .models import DEFAULT_MODEL, EMBEDDED_NAME, resolve_name
+
+    resolved, reason = group.decide(partial(resolve_name, options.model_name))
+    if reason:
+        tell(f"{DEFAULT_MODEL} is {reason}: using the embedded {EMBEDDED_NAME} instead.")
+    return replace(options, model_name=resolved)
 
 
 def _label_scorer(labels: list[str], options: Options):

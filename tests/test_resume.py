@@ -20,6 +20,7 @@ from helpers.models import load_tokenizer, twin_folder
 ROOT = Path(__file__).parent.parent
 KILLER = Path(__file__).parent / "kill_after_batches.py"
 OWN_FOLDER = Path(__file__).parent / "own_folder_per_rank.py"
+MODEL_PER_RANK = Path(__file__).parent / "model_per_rank.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 
 
@@ -120,6 +121,31 @@ def test_processes_whose_output_folders_are_not_one_are_refused_before_any_row_i
     assert "sees the marks of 1 of the run's 2 processes" in said and "every machine sees" in said, said
     for rank in (0, 1):
         assert not [path.name for path in (tmp_path / f"rank{rank}").iterdir()], "no mark, progress or output left"
+
+
+def test_every_process_scores_with_the_model_rank_0_resolved(tmp_path, capsys):
+    """Processes that would resolve the model to different ones (their own SLM_MODEL, as machines whose caches differ
+    resolve the default): rank 0's choice is handed out, and the output is that model's, row by row."""
+    source, options = job(tmp_path, rows=24)
+    options[options.index("job")] = "none"  # the job's prior would score every row of so small a job on rank 0
+    without_model = [option for option in options if option not in ("--model", "twin:tiny-qwen2")]
+    alone = tmp_path / "alone.csv"
+    code, err = classify([str(source), "--output", str(alone), *options], capsys)
+    assert code == 0, err
+    both = tmp_path / "both.csv"
+    launch = [*TORCHRUN, "--master_port", "29577", str(MODEL_PER_RANK), "twin:tiny-qwen2,twin:tiny-llama"]
+    ran = subprocess.run(
+        [*launch, "classify", str(source), "--output", str(both), *without_model],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert ran.returncode == 0, what_the_processes_said(ran.stderr)
+    one, two = pd.read_csv(alone), pd.read_csv(both)
+    shown = [f"p_{label}" for label in LABELS]
+    assert one["predicted_label"].equals(two["predicted_label"]) and len(one) == 24
+    assert (one[shown] - two[shown]).abs().max().max() < 1e-4, "rank 1's rows scored by another model"
 
 
 def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_path, capsys):
