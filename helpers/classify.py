@@ -446,14 +446,17 @@ class Progress:
 
 def _read_progress(group: Processes, job: Job, options: Options, fingerprint: dict) -> Progress:
     """Under several processes, their output folder checked to be one; --overwrite removes another job's progress
-    (the writer alone; the same job's still resumes), --restart this job's too; every process reads every progress
-    file before any appends to its own: ``step`` waits for all of them each time."""
+    (the writer alone; the same job's still resumes), --restart this job's too. Rank 0 reads every progress file
+    before any process appends to its own, and hands out what was decided: the rows done (the other processes need
+    only which; rank 0 keeps their scores) and the stopped run's largest bound."""
     group.check_shared(job.output.parent, job.output.name)  # one folder for every process's progress files
     keep = None if options.restart else fingerprint  # --restart: this job's progress too
     wanted = options.restart or options.overwrite
     group.step(lambda: wanted and group.main and resume.remove_progress(job.output, keep=keep))
-    done = group.step(partial(resume.read_progress, job.output, fingerprint))
-    earlier = group.step(partial(resume.recorded_bound, job.output))  # the stopped run's bound, if it noted one
+    done = group.step(lambda: resume.read_progress(job.output, fingerprint) if group.main else {})
+    rows = group.decide(lambda: sorted(done))
+    done = done if group.main else dict.fromkeys(rows)
+    earlier = group.decide(partial(resume.recorded_bound, job.output))  # the stopped run's bound, if it noted one
     return Progress(fingerprint, done, earlier)
 
 
@@ -686,7 +689,7 @@ def _precision(group: Processes, options: Options, model, info, job: Job, tell) 
     """``--dtype auto``'s half dtype (None: float32), chosen once for the whole run: as the stopped run of this job
     recorded it, else by rank 0's machine profile (notebook 00), handed to every process. ``--prior labelled`` fits
     every row's scores, which must then be float32's: it runs in float32."""
-    recorded = group.step(partial(resume.resolved, job.output))
+    recorded = group.decide(partial(resume.resolved, job.output))  # read on rank 0, handed out
     if recorded is not None:
         tell(f"--dtype auto: {recorded}, as the stopped run of this job resolved it (one precision per run)")
         return None if recorded == "float32" else recorded

@@ -148,6 +148,28 @@ def test_every_process_scores_with_the_model_rank_0_resolved(tmp_path, capsys):
     assert (one[shown] - two[shown]).abs().max().max() < 1e-4, "rank 1's rows scored by another model"
 
 
+def test_two_processes_resume_from_the_progress_rank_0_read_and_handed_out(tmp_path, capsys):
+    """Stopped under torchrun, resumed under torchrun: rank 0 reads the progress files and hands out which rows are
+    done; the output equals the uninterrupted one's, every row exactly once."""
+    source, options = job(tmp_path)
+    whole, stopped = tmp_path / "whole.csv", tmp_path / "stopped.csv"
+    code, err = classify([str(source), "--output", str(whole), *options], capsys)
+    assert code == 0, err
+    done = landed(stop(source, stopped, options, 3, (*TORCHRUN, "--master_port", "29579")))
+    assert 3 * 4 <= done < 40, done
+    resumed = subprocess.run(
+        [*TORCHRUN, "--master_port", "29581", "-m", "helpers", "classify", str(source), "--output", str(stopped)]
+        + options,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    said = what_the_processes_said(resumed.stderr)
+    assert resumed.returncode == 0 and f"resuming: {done} of 40 rows done" in said, said
+    same_output(whole, stopped)
+
+
 def test_another_job_refuses_to_resume_in_one_line_and_leaves_the_progress(tmp_path, capsys):
     source, options = job(tmp_path, rows=12)
     stopped = tmp_path / "stopped.csv"
