@@ -34,3 +34,20 @@ def test_it_gives_what_transformers_sdpa_gives(any_model, tickets, labels):
         )
     assert_agrees(results[0], results[1], atol=float_tolerance(results[0]))
     assert not torch.isnan(results[1].log_scores).any()
+
+
+def test_bfloat16_attention_takes_the_math_kernel_where_aten_is_held_below_avx512(monkeypatch):
+    """``ATEN_CPU_CAPABILITY=default`` on an AVX-512 CPU: PyTorch's bfloat16 flash kernel fails on long sequences
+    there, so bfloat16 queries (also a float32 one under bfloat16 autocast) take the math kernel; float32 keeps its."""
+    import contextlib
+
+    from helpers import attention
+
+    bf16, fp32 = torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16), torch.zeros(1, 2, 3, 4)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert not isinstance(attention._kernel_for(bf16), contextlib.nullcontext)
+    assert isinstance(attention._kernel_for(fp32), contextlib.nullcontext)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not isinstance(attention._kernel_for(fp32), contextlib.nullcontext)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert isinstance(attention._kernel_for(bf16), contextlib.nullcontext)
