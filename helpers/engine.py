@@ -119,15 +119,10 @@ def label_branches(token_ids: Sequence[Sequence[int]]) -> list[tuple[list[int], 
 def label_log_scores(token_ids, branches, answers, normalize: bool = False) -> torch.Tensor:
     """Each label's log-score from the engine's per-branch log-probs: the sum over its tokens, as ``LabelScorer``
     scores it (per token where ``normalize``). ``answers``: per prompt, per branch, one log-prob per branch token."""
-    where = {tuple(context): (b, tokens) for b, (context, tokens) in enumerate(branches)}
-    scores = torch.zeros(len(answers), len(token_ids), dtype=torch.float64)
-    for j, ids in enumerate(token_ids):
-        for k, token in enumerate(ids):
-            b, tokens = where[tuple(ids[:k])]
-            scores[:, j] += torch.tensor([row[b][tokens.index(token)] for row in answers], dtype=torch.float64)
-        if normalize:
-            scores[:, j] /= len(ids)
-    return scores.float()
+    from .engine_worker import label_sums  # the worker's own sums (its golden check): one place for the tree's reading
+
+    sums = [label_sums(token_ids, branches, answer, normalize) for answer in answers]
+    return torch.tensor(sums, dtype=torch.float64).reshape(len(answers), len(token_ids)).float()
 
 
 class Engine:
